@@ -1,0 +1,822 @@
+"""A cluster of JAX processes: one ipyparallel engine per host, process i = engine of rank i."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._ranges import format_procs
+from ..engine import bootstrap
+from .profile import make_profile, remove_profile
+
+log = logging.getLogger("jaxsys.cluster")
+
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")
+
+# ipyparallel's default heartbeat period (3 s) makes registration take ~6 s; 500 ms held
+# 4 and 8 engines registered with no spurious failures on 2 cores.
+HEARTBEAT_PERIOD_MS = 500
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation failed; the message names the processes involved."""
+
+
+class ClusterStartError(ClusterError):
+    """The cluster could not be brought up; nothing it started is left running."""
+
+
+@dataclass
+class ProcessInfo:
+    """What the kernel knows about one JAX process.
+
+    Attributes
+    ----------
+    rank : int
+        JAX process index (``jax.process_index()``).
+    engine_id : int or None
+        ipyparallel engine id serving this rank; None before registration.
+    pid : int or None
+        Operating-system pid of the engine.
+    host : str
+        Host name the process runs on.
+    devices : list of int
+        Ids of the process's local JAX devices.
+    state : str
+        ``starting``, ``ready``, ``dead`` or ``failed``.
+    """
+
+    rank: int
+    engine_id: int | None = None
+    pid: int | None = None
+    host: str = ""
+    address: str = ""
+    nanny_pid: int | None = None
+    devices: list[int] = field(default_factory=list)
+    platform: str = ""
+    state: str = "starting"
+
+    def to_dict(self) -> dict:
+        """Return the fields as a plain, JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class ProgressEvent:
+    """One step of a long wait: ``done`` of ``total`` for a named stage."""
+
+    stage: str
+    done: int
+    total: int
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    kept = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+def _free_local_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """N JAX processes, each an ipyparallel engine, driven from one Python process.
+
+    The cluster is async-first: every coroutine method has a ``*_sync`` twin. Both run the
+    work on a private event-loop thread that lives as long as the cluster object, because
+    engines die with the thread that launched them (see ``profile.py``).
+
+    Parameters
+    ----------
+    hosts : int or sequence of str
+        Number of processes, or host names (one process per entry) for ``ssh``.
+    devices_per_host : int
+        CPU devices each process simulates (``--xla_force_host_platform_device_count``);
+        ignored for accelerator hosts where the hardware decides.
+    launcher : {"local", "ssh", "mpi", "slurm"}
+        ``local`` starts processes on this machine; the others use ipyparallel's launchers
+        of the same name.
+    cache_dir : str, optional
+        Persistent compilation cache directory for every process.
+    register_timeout, init_timeout : float
+        Seconds allowed for engines to register and for ``jax.distributed.initialize``.
+    env : mapping, optional
+        Extra environment variables for every process.
+    process_env : mapping of int to mapping, optional
+        Extra environment variables for single processes, by rank.
+    heartbeat_timeout : float, optional
+        JAX's heartbeat timeout in seconds.
+    progress : callable, optional
+        Called with a :class:`ProgressEvent` for every step of a long wait, on the thread
+        that called the method. Defaults to a progress bar on stderr.
+
+    Examples
+    --------
+    >>> with Cluster(hosts=2, devices_per_host=2) as cluster:      # doctest: +SKIP
+    ...     cluster.view.apply_sync(lambda: __import__("jax").device_count())
+    [4, 4]
+    """
+
+    def __init__(
+        self,
+        hosts: int | Sequence[str] = 4,
+        devices_per_host: int = 2,
+        launcher: str = "local",
+        *,
+        cache_dir: str | None = None,
+        register_timeout: float = 60.0,
+        init_timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        process_env: Mapping[int, Mapping[str, str]] | None = None,
+        heartbeat_timeout: float | None = None,
+        progress: Callable[[ProgressEvent], None] | None = None,
+    ):
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+        if isinstance(hosts, int):
+            if hosts < 1:
+                raise ValueError(f"hosts must be at least 1, got {hosts}")
+            self.host_names: list[str] | None = None
+            self.nprocs = hosts
+        else:
+            self.host_names = list(hosts)
+            if not self.host_names:
+                raise ValueError("hosts is an empty list; give at least one host name")
+            self.nprocs = len(self.host_names)
+        if launcher == "ssh" and self.host_names is None:
+            raise ValueError("the ssh launcher needs host names: hosts=['node1', 'node2', ...]")
+        if devices_per_host < 1:
+            raise ValueError(f"devices_per_host must be at least 1, got {devices_per_host}")
+        self.devices_per_host = devices_per_host
+        self.launcher = launcher
+        self.cache_dir = cache_dir
+        self.register_timeout = register_timeout
+        self.init_timeout = init_timeout
+        self.env = dict(env or {})
+        self.process_env = {int(k): dict(v) for k, v in (process_env or {}).items()}
+        for rank in self.process_env:
+            if not 0 <= rank < self.nprocs:
+                raise ValueError(f"process_env names process {rank}, outside 0-{self.nprocs - 1}")
+        self.heartbeat_timeout = heartbeat_timeout
+        self._progress_cb = progress
+        self._progress_q: queue.SimpleQueue[ProgressEvent] = queue.SimpleQueue()
+
+        self.processes: list[ProcessInfo] = []
+        self.client = None
+        self.view = None
+        self.coordinator_address: str | None = None
+        self.state = "stopped"
+        self.ready_seconds: float | None = None
+        self._ipp = None
+        self._profile = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._engine_sets: dict[int, str] = {}
+        self._incarnation = 0
+        _live_clusters.add(self)
+
+    # -- the private loop ------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+
+            def main():
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set)
+                loop.run_forever()
+
+            # Must outlive every engine: the parent-death signal fires when this thread ends.
+            t = threading.Thread(target=main, name="jaxsys-cluster-loop", daemon=True)
+            t.start()
+            if not started.wait(10):
+                raise ClusterError("the cluster's event loop did not start within 10 s")
+            self._loop, self._loop_thread = loop, t
+        return self._loop
+
+    def _submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    def _report(self, stage: str, done: int, total: int) -> None:
+        self._progress_q.put(ProgressEvent(stage, done, total))
+
+    def _drain_progress(self) -> None:
+        while True:
+            try:
+                event = self._progress_q.get_nowait()
+            except queue.Empty:
+                return
+            (self._progress_cb or _default_progress)(event)
+
+    def _run_sync(self, coro: Coroutine) -> Any:
+        fut = self._submit(coro)
+        try:
+            while True:
+                try:
+                    result = fut.result(timeout=0.05)
+                except concurrent.futures.TimeoutError:
+                    self._drain_progress()
+                    continue
+                self._drain_progress()
+                return result
+        except KeyboardInterrupt:
+            # Let the coroutine clean up (it kills what it started) before re-raising.
+            fut.cancel()
+            try:
+                fut.result(timeout=10)
+            except BaseException:  # noqa: BLE001 - the interrupt is what we re-raise
+                pass
+            self._drain_progress()
+            raise
+        finally:
+            _finish_progress()
+
+    async def _run_async(self, coro: Coroutine) -> Any:
+        fut = asyncio.wrap_future(self._submit(coro))
+        try:
+            while not fut.done():
+                await asyncio.wait([fut], timeout=0.05)
+                self._drain_progress()
+            return fut.result()
+        finally:
+            _finish_progress()
+
+    # -- public API ------------------------------------------------------------------------
+
+    async def start(self) -> Cluster:
+        """Start the controller and one engine per host, then initialise JAX everywhere.
+
+        Returns
+        -------
+        Cluster
+            ``self``, ready: ``processes``, ``client`` and ``view`` are set.
+
+        Raises
+        ------
+        ClusterStartError
+            When a process fails to start, register or join in time; the error names it and
+            shows the tail of its output. Everything that was started is stopped.
+        """
+        return await self._run_async(self._start())
+
+    def start_sync(self) -> Cluster:
+        """Blocking twin of :meth:`start`."""
+        return self._run_sync(self._start())
+
+    async def stop(self) -> float:
+        """Stop every process and the controller, and remove the cluster's profile.
+
+        Returns
+        -------
+        float
+            Seconds the teardown took.
+        """
+        return self.kill()
+
+    def stop_sync(self) -> float:
+        """Blocking twin of :meth:`stop`."""
+        return self.kill()
+
+    async def restart(self) -> float:
+        """Restart the whole JAX world: every process is replaced and re-initialised.
+
+        Returns
+        -------
+        float
+            Seconds from the request until the new world is ready.
+        """
+        return await self._run_async(self._restart())
+
+    def restart_sync(self) -> float:
+        """Blocking twin of :meth:`restart`."""
+        return self._run_sync(self._restart())
+
+    def __enter__(self) -> Cluster:
+        return self.start_sync()
+
+    def __exit__(self, *exc) -> None:
+        self.stop_sync()
+
+    async def __aenter__(self) -> Cluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @property
+    def ranks(self) -> list[int]:
+        """All process indices, ``0..N-1``."""
+        return list(range(self.nprocs))
+
+    def engine_ids(self, ranks: Sequence[int] | None = None) -> list[int]:
+        """Engine ids serving the given ranks, in rank order.
+
+        Parameters
+        ----------
+        ranks : sequence of int, optional
+            Process indices; all when omitted.
+
+        Returns
+        -------
+        list of int
+        """
+        self._require_ready()
+        ranks = self.ranks if ranks is None else ranks
+        return [self.processes[r].engine_id for r in ranks]
+
+    def status(self) -> list[dict]:
+        """Describe every process: rank, engine, pid, host, devices and state.
+
+        Returns
+        -------
+        list of dict
+            One dict per process, in rank order.
+        """
+        self.refresh_states()
+        return [p.to_dict() for p in self.processes]
+
+    def refresh_states(self) -> None:
+        """Mark processes whose engine has gone away as ``dead``."""
+        if self.client is None or self.state != "ready":
+            return
+        alive = set(self.client.ids)
+        for p in self.processes:
+            if p.state == "ready" and p.engine_id not in alive:
+                p.state = "dead"
+
+    def interrupt(self, ranks: Sequence[int] | None = None, sig: int = signal.SIGINT) -> list[int]:
+        """Send a signal (SIGINT by default) to the given processes.
+
+        Local engines are signalled directly; remote ones through ipyparallel's nanny.
+
+        Parameters
+        ----------
+        ranks : sequence of int, optional
+            Processes to signal; all when omitted.
+        sig : int
+            Signal number.
+
+        Returns
+        -------
+        list of int
+            The ranks that were signalled.
+        """
+        self._require_ready()
+        ranks = self.ranks if ranks is None else list(ranks)
+        sent = []
+        remote = []
+        for r in ranks:
+            p = self.processes[r]
+            if self.launcher == "local" and p.pid:
+                try:
+                    os.kill(p.pid, sig)
+                    sent.append(r)
+                except ProcessLookupError:
+                    pass
+            else:
+                remote.append(r)
+        if remote:
+            try:
+                self.client.send_signal(sig, targets=self.engine_ids(remote), block=False)
+                sent.extend(remote)
+            except Exception as e:  # noqa: BLE001 - report, do not hide, then carry on
+                log.warning("could not signal processes %s: %s", format_procs(remote), e)
+        return sorted(sent)
+
+    def kill(self) -> float:
+        """Tear the cluster down at once: SIGKILL every process group, close the client.
+
+        Engines ignore SIGTERM once JAX is initialised, so a polite stop only adds seconds.
+        Safe to call from any thread, more than once, and from ``atexit``.
+
+        Returns
+        -------
+        float
+            Seconds the teardown took.
+        """
+        t0 = time.perf_counter()
+        pids = self._all_pids()
+        client, self.client, self.view = self.client, None, None
+        if client is not None:
+            try:
+                client.close(linger=0)
+            except Exception:  # noqa: BLE001 - the client may already be half-closed
+                pass
+        _killpg_all(pids)
+        if self._ipp is not None:
+            # Forget the launchers so ipyparallel does not try a slow stop later.
+            self._ipp.engines = {}
+            self._ipp.controller = None
+            self._ipp = None
+        _wait_gone(pids, timeout=3.0)
+        if self._profile is not None:
+            remove_profile(self._profile)
+            self._profile = None
+        for p in self.processes:
+            p.state = "dead"
+        self.state = "stopped"
+        return time.perf_counter() - t0
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _require_ready(self) -> None:
+        if self.state != "ready" or self.client is None:
+            raise ClusterError("the cluster is not running; start it first")
+
+    def _engine_launcher(self, rank: int):
+        set_id = self._engine_sets.get(rank)
+        if self._ipp is None or set_id is None:
+            return None
+        return self._ipp.engines.get(set_id)
+
+    def _all_pids(self) -> list[int]:
+        pids: set[int] = set()
+        if self._ipp is not None:
+            ctl = self._ipp.controller
+            if ctl is not None and getattr(ctl, "pid", None):
+                pids.add(ctl.pid)
+            for es in list(self._ipp.engines.values()):
+                pids.update(_launcher_pids(es))
+        for p in self.processes:
+            for pid in (p.pid, p.nanny_pid):
+                if pid and self.launcher == "local":
+                    pids.add(pid)
+        return sorted(pids)
+
+    def _engine_env(self, rank: int) -> dict[str, str]:
+        env = {
+            "JAXSYS_PROCESS_ID": str(rank),
+            "JAXSYS_NUM_PROCESSES": str(self.nprocs),
+            "JAXSYS_PARENT_PID": str(os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.launcher != "local":
+            # Remote launchers start engines from a shell, not from this process.
+            env.pop("JAXSYS_PARENT_PID")
+        flags = [
+            f
+            for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count")
+        ]
+        flags.append(f"--xla_force_host_platform_device_count={self.devices_per_host}")
+        env["XLA_FLAGS"] = " ".join(flags)
+        if self.launcher == "local":
+            env.setdefault("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", "cpu"))
+        if self.cache_dir:
+            env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(self.cache_dir)
+        env.update(self.env)
+        env.update(self.process_env.get(rank, {}))
+        return env
+
+    def _make_ipp_cluster(self):
+        import ipyparallel as ipp
+
+        controller_args = [f"--HeartMonitor.period={HEARTBEAT_PERIOD_MS}"]
+        kwargs: dict[str, Any] = {}
+        if self.launcher == "local":
+            kwargs["controller_ip"] = "127.0.0.1"
+        else:
+            # Remote engines must reach the controller; see docs/architecture.md.
+            kwargs["controller_ip"] = "*"
+            kwargs["engine_launcher_class"] = self.launcher
+        cluster = ipp.Cluster(
+            profile_dir=str(self._profile),
+            n=self.nprocs,
+            # ipyparallel logs every killed process as a warning; our errors say more.
+            log_level=logging.ERROR,
+            controller_args=controller_args,
+            shutdown_atexit=False,
+            **kwargs,
+        )
+        cluster.controller_launcher_class  # noqa: B018 - resolve the trait before launch
+        return cluster
+
+    async def _launch_engines(self) -> None:
+        ipp_cluster = self._ipp
+        self._incarnation += 1
+        tag = f"i{self._incarnation}"
+        if self.launcher in ("local", "ssh"):
+            for rank in self.ranks:
+                set_id = f"p{rank}-{tag}"
+                kwargs: dict[str, Any] = {"environment": self._engine_env(rank)}
+                if self.launcher == "ssh":
+                    kwargs["engines"] = {self.host_names[rank]: 1}
+                await ipp_cluster.start_engines(n=1, engine_set_id=set_id, **kwargs)
+                self._engine_sets[rank] = set_id
+        else:
+            # MPI and Slurm start every rank in one job; the rank comes from their env.
+            env = self._engine_env(0)
+            env.pop("JAXSYS_PROCESS_ID")
+            set_id = f"all-{tag}"
+            await ipp_cluster.start_engines(n=self.nprocs, engine_set_id=set_id, environment=env)
+            self._engine_sets = dict.fromkeys(self.ranks, set_id)
+
+    def _launcher_failure(self, rank: int) -> str | None:
+        es = self._engine_launcher(rank)
+        if es is None:
+            return None
+        for sub in _sub_launchers(es):
+            state = getattr(sub, "state", "running")
+            if state == "after":
+                code = (getattr(sub, "stop_data", None) or {}).get("exit_code")
+                output = ""
+                try:
+                    output = sub.get_output() or ""
+                except Exception:  # noqa: BLE001 - output is best effort
+                    pass
+                return f"exited with code {code} before it was ready; its output ends with:\n{_tail(output)}"
+        return None
+
+    def _controller_failure(self) -> str | None:
+        ctl = self._ipp.controller if self._ipp is not None else None
+        if ctl is not None and getattr(ctl, "state", "") == "after":
+            try:
+                out = ctl.get_output() or ""
+            except Exception:  # noqa: BLE001
+                out = ""
+            return f"the ipyparallel controller exited early; its output ends with:\n{_tail(out)}"
+        return None
+
+    async def _wait_registered(self, deadline: float, exclude: set[int]) -> list[int]:
+        n = self.nprocs
+        last = -1
+        while True:
+            new = sorted(set(self.client.ids) - exclude)
+            k = len(new)
+            if k != last:
+                self._report("engines registered", min(k, n), n)
+                last = k
+            if k >= n:
+                return new[:n]
+            problem = self._controller_failure()
+            if problem:
+                raise ClusterStartError(problem)
+            failed = {r: msg for r in self.ranks if (msg := self._launcher_failure(r))}
+            if failed:
+                raise ClusterStartError(
+                    "\n".join(f"process {r} {msg}" for r, msg in sorted(failed.items()))
+                )
+            if time.monotonic() > deadline:
+                raise ClusterStartError(
+                    f"only {k} of {n} engines registered within {self.register_timeout:g} s; "
+                    f"the engine logs are in {self._profile}/log"
+                )
+            await asyncio.sleep(0.05)
+
+    async def _identify(self, engine_ids: list[int]) -> dict[int, dict]:
+        ar = self.client[engine_ids].apply_async(bootstrap.describe_process)
+        infos = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=30)
+        by_rank: dict[int, dict] = {}
+        for eid, info in zip(engine_ids, infos, strict=True):
+            info["engine_id"] = eid
+            if info["rank"] in by_rank:
+                raise ClusterStartError(
+                    f"two engines claim process {info['rank']}: engines "
+                    f"{by_rank[info['rank']]['engine_id']} and {eid}"
+                )
+            by_rank[info["rank"]] = info
+        missing = sorted(set(self.ranks) - set(by_rank))
+        if missing:
+            raise ClusterStartError(f"no engine reported rank(s) {missing}")
+        return by_rank
+
+    async def _init_jax(self, deadline_s: float) -> None:
+        n = self.nprocs
+        p0 = self.processes[0]
+        if self.launcher == "local":
+            port = _free_local_port()
+            self.coordinator_address = f"127.0.0.1:{port}"
+            bind = self.coordinator_address
+        else:
+            port = self.client[p0.engine_id].apply_sync(bootstrap.free_port)
+            self.coordinator_address = f"{p0.address}:{port}"
+            bind = f"[::]:{port}"
+        ars = {
+            p.rank: self.client[p.engine_id].apply_async(
+                bootstrap.initialize,
+                self.coordinator_address,
+                n,
+                p.rank,
+                bind_address=bind,
+                timeout=self.init_timeout,
+                heartbeat_timeout=self.heartbeat_timeout,
+            )
+            for p in self.processes
+        }
+        deadline = time.monotonic() + deadline_s
+        last = -1
+        first_error_at = None
+        while True:
+            done = [r for r, ar in ars.items() if ar.done()]
+            errors = {r: ars[r].exception() for r in done if ars[r].exception() is not None}
+            ok = [r for r in done if r not in errors]
+            if len(ok) != last:
+                self._report("processes initialised", len(ok), n)
+                last = len(ok)
+            if len(ok) == n:
+                break
+            if errors and first_error_at is None:
+                first_error_at = time.monotonic()
+            # Once one process has failed the others can only wait for it: give their
+            # own errors a moment to arrive, then report everything at once.
+            if (first_error_at is not None and time.monotonic() - first_error_at > 1.0) or (
+                time.monotonic() > deadline
+            ):
+                lines = []
+                for r in self.ranks:
+                    if r in errors:
+                        lines.append(f"process {r} raised {_short_error(errors[r])}")
+                    elif r in ok:
+                        lines.append(f"process {r} initialised")
+                    else:
+                        why = self._launcher_failure(r)
+                        lines.append(
+                            f"process {r} {why}" if why else f"process {r} did not finish joining"
+                        )
+                head = (
+                    "jax.distributed.initialize failed"
+                    if errors
+                    else f"jax.distributed.initialize did not complete within {deadline_s:g} s"
+                )
+                raise ClusterStartError(head + ":\n" + "\n".join(lines))
+            await asyncio.sleep(0.05)
+        for r in self.ranks:
+            result = ars[r].get()
+            p = self.processes[r]
+            p.devices = result["local_devices"]
+            p.platform = result["platform"]
+            p.state = "ready"
+
+    async def _bring_up_engines(self, t_deadline: float, exclude: set[int]) -> None:
+        await self._launch_engines()
+        # On a restart the hub may still list the killed engines for a moment.
+        engine_ids = await self._wait_registered(t_deadline, exclude)
+        infos = await self._identify(engine_ids)
+        self.processes = [
+            ProcessInfo(
+                rank=r,
+                engine_id=infos[r]["engine_id"],
+                pid=infos[r]["pid"],
+                host=infos[r]["host"],
+                address=infos[r]["address"],
+                nanny_pid=infos[r]["nanny_pid"],
+            )
+            for r in self.ranks
+        ]
+        await self._init_jax(self.init_timeout + 5)
+        self.view = self.client[[p.engine_id for p in self.processes]]
+        self.view.block = True
+
+    async def _start(self) -> Cluster:
+        if self.state != "stopped":
+            raise ClusterError(f"the cluster is already {self.state}; stop it first")
+        t0 = time.perf_counter()
+        self.state = "starting"
+        self.processes = [ProcessInfo(rank=r) for r in self.ranks]
+        try:
+            self._profile = make_profile()
+            self._ipp = self._make_ipp_cluster()
+            await self._ipp.start_controller()
+            deadline = time.monotonic() + self.register_timeout
+            self.client = await asyncio.wait_for(
+                self._ipp.connect_client(), timeout=self.register_timeout
+            )
+            await self._bring_up_engines(deadline, exclude=set())
+        except BaseException:
+            self.kill()
+            raise
+        self.state = "ready"
+        self.ready_seconds = time.perf_counter() - t0
+        return self
+
+    async def _restart(self) -> float:
+        self._require_ready()
+        t0 = time.perf_counter()
+        old_pids = []
+        for rank in self.ranks:
+            es = self._engine_launcher(rank)
+            if es is not None:
+                old_pids.extend(_launcher_pids(es))
+        old_pids.extend(p.nanny_pid for p in self.processes if p.nanny_pid)
+        old_sets = set(self._engine_sets.values())
+        self.state = "restarting"
+        for p in self.processes:
+            p.state = "restarting"
+        _killpg_all(old_pids)
+        for set_id in old_sets:
+            self._ipp.engines.pop(set_id, None)
+        try:
+            await asyncio.to_thread(_wait_gone, old_pids, 5.0)
+            await self._bring_up_engines(
+                time.monotonic() + self.register_timeout, exclude=set(self.client.ids)
+            )
+        except BaseException:
+            self.kill()
+            raise
+        self.state = "ready"
+        self.ready_seconds = time.perf_counter() - t0
+        return self.ready_seconds
+
+
+def _short_error(exc: BaseException) -> str:
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    return f"{ename}: {evalue}"
+
+
+def _sub_launchers(es) -> list:
+    subs = getattr(es, "launchers", None)
+    return list(subs.values()) if subs else [es]
+
+
+def _launcher_pids(es) -> list[int]:
+    return [sub.pid for sub in _sub_launchers(es) if getattr(sub, "pid", None)]
+
+
+def _killpg_all(pids: Sequence[int]) -> None:
+    # Each launcher starts its process in a new session, so the pid is also the group id;
+    # killing the group takes the controller's scheduler subprocesses with it.
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _wait_gone(pids: Sequence[int], timeout: float) -> None:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    deadline = time.monotonic() + timeout
+    while procs and time.monotonic() < deadline:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        procs = alive
+        if procs:
+            time.sleep(0.02)
+
+
+# -- progress ----------------------------------------------------------------------------
+
+_bars: dict[str, Any] = {}
+
+
+def _default_progress(event: ProgressEvent) -> None:
+    from tqdm.std import tqdm
+
+    bar = _bars.get(event.stage)
+    if bar is None:
+        _finish_progress()
+        bar = _bars[event.stage] = tqdm(
+            total=event.total,
+            desc=event.stage,
+            bar_format="{desc} {n}/{total} [{elapsed}]",
+            mininterval=0,
+        )
+    bar.n = event.done
+    bar.refresh()
+
+
+def _finish_progress() -> None:
+    for stage in list(_bars):
+        _bars.pop(stage).close()
+
+
+# -- clean-up at exit ----------------------------------------------------------------------
+
+_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_all_at_exit() -> None:
+    for cluster in list(_live_clusters):
+        if cluster.state != "stopped":
+            cluster.kill()

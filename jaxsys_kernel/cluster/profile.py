@@ -1,0 +1,67 @@
+"""The ipyparallel profile a jaxsys cluster runs in.
+
+Each cluster gets a fresh profile directory. Its config files make every engine and the
+controller die with the process that launched them (Linux ``PR_SET_PDEATHSIG``): the
+launchers start them in new sessions, so without this a killed kernel orphans them all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+# Runs inside ipengine / ipcontroller at start-up, before anything else. Kept free of
+# jaxsys imports so it also works where only ipyparallel is installed.
+_PDEATHSIG_SNIPPET = '''\
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.prctl(1, signal.{signal})  # PR_SET_PDEATHSIG
+    # The parent may have died before prctl took effect.
+    _expected = os.environ.get("JAXSYS_PARENT_PID")
+    if _expected and os.getppid() != int(_expected):
+        os._exit(1)
+'''
+
+_HEADER = "# Written by jaxsys for one cluster; removed when the cluster stops.\n"
+
+
+def make_profile(base: str | os.PathLike | None = None) -> Path:
+    """Create a fresh ipyparallel profile directory with jaxsys's config files.
+
+    Parameters
+    ----------
+    base : path-like, optional
+        Directory to create the profile in; defaults to the system temp directory.
+
+    Returns
+    -------
+    pathlib.Path
+        The new profile directory (mode 0700).
+    """
+    profile = Path(tempfile.mkdtemp(prefix="jaxsys-profile-", dir=base))
+    os.chmod(profile, 0o700)
+    for sub in ("security", "log", "startup", "pid"):
+        (profile / sub).mkdir()
+    # Engines swallow SIGTERM once JAX is initialised, so they get SIGKILL. The controller
+    # gets SIGTERM so it can reap its scheduler subprocesses, which inherit no death signal.
+    (profile / "ipengine_config.py").write_text(
+        _HEADER + _PDEATHSIG_SNIPPET.format(signal="SIGKILL") + "c = get_config()  # noqa\n"
+    )
+    (profile / "ipcontroller_config.py").write_text(
+        _HEADER + _PDEATHSIG_SNIPPET.format(signal="SIGTERM") + "c = get_config()  # noqa\n"
+    )
+    return profile
+
+
+def remove_profile(profile: str | os.PathLike) -> None:
+    """Delete a profile directory made by :func:`make_profile`.
+
+    Parameters
+    ----------
+    profile : path-like
+        The directory to remove; a missing directory is not an error.
+    """
+    shutil.rmtree(profile, ignore_errors=True)

@@ -1,0 +1,155 @@
+"""Start-up of one JAX process: learn its rank, then join the distributed runtime."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+
+# Launchers put the rank in different variables; ours comes first because it is the one
+# jaxsys controls. Engine ids never decide the rank: they follow registration order.
+RANK_VARIABLES = ("JAXSYS_PROCESS_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def process_rank() -> int:
+    """Return this process's JAX process index, read from its environment.
+
+    Returns
+    -------
+    int
+        The rank given by the launcher.
+
+    Raises
+    ------
+    RuntimeError
+        If none of the rank variables is set.
+    """
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None:
+            return int(value)
+    raise RuntimeError(f"no rank in the environment; set one of {', '.join(RANK_VARIABLES)}")
+
+
+def describe_process() -> dict:
+    """Report who this engine is, before JAX starts.
+
+    Also arms ``faulthandler`` on SIGUSR1 so that the stacks of a process blocked in a
+    collective can be dumped into its log without interrupting it.
+
+    Returns
+    -------
+    dict
+        ``rank``, ``pid``, ``host``, ``address`` and ``nanny_pid`` (None without a nanny).
+    """
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    nanny_pid = None
+    try:
+        from ipyparallel.engine.app import IPEngine
+
+        if IPEngine.initialized():
+            pipe = getattr(IPEngine.instance(), "nanny_pipe", None)
+            nanny_pid = getattr(pipe, "pid", None)
+    except Exception:  # noqa: BLE001 - the nanny pid is only a cleanup aid
+        nanny_pid = None
+    host = socket.gethostname()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        address = "127.0.0.1"
+    return {
+        "rank": process_rank(),
+        "pid": os.getpid(),
+        "host": host,
+        "address": address,
+        "nanny_pid": nanny_pid,
+    }
+
+
+def free_port(bind: str = "") -> int:
+    """Return a TCP port that is free on this host right now.
+
+    Parameters
+    ----------
+    bind : str
+        Address to probe on; the empty string means every interface.
+
+    Returns
+    -------
+    int
+        A port number.
+    """
+    with socket.socket() as s:
+        s.bind((bind, 0))
+        return s.getsockname()[1]
+
+
+def initialize(
+    coordinator_address: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    bind_address: str | None = None,
+    timeout: float = 60.0,
+    heartbeat_timeout: float | None = None,
+) -> dict:
+    """Join the JAX distributed runtime as ``process_id``.
+
+    Parameters
+    ----------
+    coordinator_address : str
+        ``host:port`` of the coordination service, served by process 0.
+    num_processes : int
+        Number of processes in the world.
+    process_id : int
+        This process's index; must equal its rank from the environment.
+    bind_address : str, optional
+        Where process 0 binds the coordination service (loopback for local clusters).
+    timeout : float
+        Seconds to wait for every process to join.
+    heartbeat_timeout : float, optional
+        Seconds without heartbeats after which a process is considered dead.
+
+    Returns
+    -------
+    dict
+        ``process_index``, ``process_count``, ``local_devices`` (ids), ``device_count``,
+        ``platform`` and ``seconds`` spent initialising.
+    """
+    rank = process_rank()
+    if rank != process_id:
+        raise RuntimeError(f"asked to join as process {process_id} but this engine has rank {rank}")
+    t0 = time.perf_counter()
+    import jax
+
+    kwargs = {}
+    if bind_address is not None:
+        kwargs["coordinator_bind_address"] = bind_address
+    if heartbeat_timeout is not None:
+        kwargs["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=int(max(1, timeout)),
+        **kwargs,
+    )
+    # Touching the devices completes backend start-up (the topology exchange), so a
+    # process that cannot start its backend fails here, inside the deadline, not later.
+    local = jax.local_devices()
+    if jax.process_index() != process_id:
+        raise RuntimeError(
+            f"JAX reports process_index {jax.process_index()} for rank {process_id}"
+        )
+    return {
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "local_devices": [d.id for d in local],
+        "device_count": jax.device_count(),
+        "platform": local[0].platform if local else "",
+        "seconds": time.perf_counter() - t0,
+    }
