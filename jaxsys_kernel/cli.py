@@ -1,0 +1,300 @@
+"""The ``jaxsys`` command: lab, run NOTEBOOK, cluster start|stop|status, install-kernel."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ._version import __version__
+
+STATE_DIR = Path(os.environ.get("JAXSYS_STATE_DIR", Path.home() / ".jaxsys" / "clusters"))
+
+
+def _state_file(name: str) -> Path:
+    return STATE_DIR / f"{name}.json"
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- install-kernel ------------------------------------------------------------------------------
+
+
+def cmd_install_kernel(args: argparse.Namespace) -> int:
+    """Install the jaxsys kernelspec."""
+    from .kernel.spec import install_kernel_spec
+
+    path = install_kernel_spec(
+        prefix=args.prefix, user=args.user, hosts=args.hosts, devices_per_host=args.devices_per_host
+    )
+    print(f"installed the jaxsys kernelspec in {path}")
+    return 0
+
+
+def _ensure_kernelspec() -> None:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    from .kernel.spec import KERNEL_NAME, install_kernel_spec
+
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        path = install_kernel_spec(prefix=sys.prefix)
+        print(f"installed the jaxsys kernelspec in {path}", file=sys.stderr)
+
+
+# -- lab -----------------------------------------------------------------------------------------
+
+
+def cmd_lab(args: argparse.Namespace, extra: list[str]) -> int:
+    """Open JupyterLab on the notebooks with the jaxsys kernel installed."""
+    _ensure_kernelspec()
+    root = Path(args.notebook_dir) if args.notebook_dir else None
+    if root is None:
+        root = Path("notebooks") if Path("notebooks").is_dir() else Path.cwd()
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root.resolve()}", *extra]
+    print("jaxsys: " + " ".join(cmd), file=sys.stderr)
+    return subprocess.call(cmd)
+
+
+# -- run NOTEBOOK --------------------------------------------------------------------------------
+
+
+def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: float = 600.0):
+    """Execute a notebook headless with the jaxsys kernel.
+
+    Parameters
+    ----------
+    path : path-like
+        The notebook to run.
+    output : str, optional
+        Where to save the executed notebook.
+    timeout : float
+        Seconds allowed per cell.
+
+    Returns
+    -------
+    nbformat.NotebookNode
+        The executed notebook.
+
+    Raises
+    ------
+    nbclient.exceptions.CellExecutionError
+        When a cell fails; the notebook is still saved to ``output`` first.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    _ensure_kernelspec()
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        kernel_name="jaxsys",
+        timeout=timeout,
+        resources={"metadata": {"path": str(Path(path).resolve().parent)}},
+    )
+    try:
+        client.execute()
+    finally:
+        if output:
+            nbformat.write(nb, output)
+    return nb
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a notebook; exit code 1 and the failing cell on error."""
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    if not Path(args.notebook).is_file():
+        print(f"jaxsys run: no such notebook: {args.notebook}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        nb = run_notebook(args.notebook, output=args.output, timeout=args.timeout)
+    except (CellExecutionError, CellTimeoutError) as e:
+        print(f"jaxsys run: {args.notebook} failed:\n{e}", file=sys.stderr)
+        return 1
+    n = sum(1 for c in nb.cells if c.cell_type == "code")
+    print(f"jaxsys run: {args.notebook}: {n} code cells ran in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+# -- cluster start|stop|status -------------------------------------------------------------------
+
+
+def _serve_cluster(args: argparse.Namespace) -> int:
+    """Own a cluster in this process until SIGTERM or SIGINT, publishing its state."""
+    from .cluster import Cluster
+
+    state_file = _state_file(args.name)
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(hosts=args.hosts, devices_per_host=args.devices_per_host, cache_dir=args.cache_dir)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    state = {"name": args.name, "pid": os.getpid(), "state": "starting"}
+    state_file.write_text(json.dumps(state))
+    try:
+        cluster.start_sync()
+        state.update(
+            state="ready",
+            coordinator=cluster.coordinator_address,
+            connection_file=str(
+                Path(cluster._ipp.profile_dir) / "security" / f"ipcontroller-{cluster._ipp.cluster_id}-client.json"
+            ),
+            processes=cluster.status(),
+            ready_seconds=cluster.ready_seconds,
+        )
+        state_file.write_text(json.dumps(state))
+        while not stop.wait(0.5):
+            pass
+    except BaseException as e:  # noqa: BLE001 - record why, then re-raise
+        state.update(state="failed", error=str(e))
+        state_file.write_text(json.dumps(state))
+        raise
+    finally:
+        cluster.kill()
+        if state.get("state") != "failed":
+            state_file.unlink(missing_ok=True)
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """Start, stop or describe a background cluster for scripts."""
+    state_file = _state_file(args.name)
+    if args.action == "start":
+        if args.foreground:
+            return _serve_cluster(args)
+        if state_file.exists():
+            old = json.loads(state_file.read_text())
+            if _pid_alive(old.get("pid")) and old.get("state") != "failed":
+                print(f"jaxsys: cluster {args.name!r} is already running (pid {old['pid']})", file=sys.stderr)
+                return 1
+            state_file.unlink()
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        log_path = STATE_DIR / f"{args.name}.log"
+        cmd = [
+            sys.executable, "-m", "jaxsys_kernel.cli", "cluster", "start", "--foreground",
+            "--name", args.name, "--hosts", str(args.hosts),
+            "--devices-per-host", str(args.devices_per_host),
+        ]
+        if args.cache_dir:
+            cmd += ["--cache-dir", args.cache_dir]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            if state_file.exists():
+                try:
+                    state = json.loads(state_file.read_text())
+                except json.JSONDecodeError:
+                    state = {}
+                if state.get("state") == "ready":
+                    print(f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
+                          f"in {state['ready_seconds']:.1f} s (pid {proc.pid})")
+                    print(f"connect with ipyparallel.Client(url_file={state['connection_file']!r})")
+                    return 0
+            if proc.poll() is not None:
+                print(f"jaxsys: cluster {args.name!r} failed to start:\n{log_path.read_text()[-3000:]}", file=sys.stderr)
+                state_file.unlink(missing_ok=True)
+                return 1
+            time.sleep(0.1)
+        proc.kill()
+        print(f"jaxsys: cluster {args.name!r} not ready within {args.timeout:g} s; see {log_path}", file=sys.stderr)
+        return 1
+    if not state_file.exists():
+        print(f"jaxsys: no cluster named {args.name!r} is running")
+        return 0 if args.action == "stop" else 1
+    state = json.loads(state_file.read_text())
+    pid = state.get("pid")
+    if args.action == "status":
+        alive = _pid_alive(pid)
+        print(f"cluster {args.name!r}: {state.get('state')} (pid {pid}, {'alive' if alive else 'gone'})")
+        if state.get("error"):
+            print(f"error: {state['error']}")
+        if state.get("processes"):
+            from .magics.magics import format_status
+
+            rows = [dict(p, state=p["state"] if _pid_alive(p.get("pid")) else "dead") for p in state["processes"]]
+            print(format_status(rows))
+        return 0 if alive and state.get("state") == "ready" else 1
+    # stop
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    state_file.unlink(missing_ok=True)
+    print(f"jaxsys: cluster {args.name!r} stopped")
+    return 0
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``jaxsys`` command."""
+    p = argparse.ArgumentParser(prog="jaxsys", description="Multi-controller JAX in Jupyter.")
+    p.add_argument("--version", action="version", version=f"jaxsys {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="open JupyterLab with the jaxsys kernel (extra args go to JupyterLab)")
+    lab.add_argument("--notebook-dir", default=None, help="default: ./notebooks if present, else .")
+
+    run = sub.add_parser("run", help="execute a notebook headless with the jaxsys kernel")
+    run.add_argument("notebook")
+    run.add_argument("--output", default=None, help="save the executed notebook here")
+    run.add_argument("--timeout", type=float, default=600.0, help="seconds per cell (default 600)")
+
+    cl = sub.add_parser("cluster", help="a background cluster for scripts")
+    cl.add_argument("action", choices=("start", "stop", "status"))
+    cl.add_argument("--name", default="default")
+    cl.add_argument("--hosts", type=int, default=4)
+    cl.add_argument("--devices-per-host", type=int, default=2)
+    cl.add_argument("--cache-dir", default=None)
+    cl.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for start")
+    cl.add_argument("--foreground", action="store_true", help="own the cluster in this process")
+
+    ik = sub.add_parser("install-kernel", help="install the jaxsys kernelspec")
+    ik.add_argument("--user", action="store_true", help="install for this user")
+    ik.add_argument("--prefix", default=None, help="install under PREFIX (default: this environment)")
+    ik.add_argument("--hosts", type=int, default=4)
+    ik.add_argument("--devices-per-host", type=int, default=2)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``jaxsys`` command line."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "lab":
+        return cmd_lab(args, extra)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "cluster":
+        return cmd_cluster(args)
+    return cmd_install_kernel(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Small functions the kernel applies on engines: value transfer, completion, inspection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _jax_leaves(value: Any) -> tuple[list, bool]:
+    """Leaves of ``value`` if it is a pytree holding jax arrays, and whether any spans processes."""
+    import jax
+
+    leaves = jax.tree.leaves(value)
+    arrays = [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+    return arrays, any(not a.is_fully_addressable for a in arrays)
+
+
+def describe_value(value: Any) -> dict:
+    """Say how a value can be brought to the kernel.
+
+    Returns
+    -------
+    dict
+        ``kind`` is ``global`` (holds arrays spanning processes: every process must take
+        part in the gather), ``arrays`` (holds only local jax arrays) or ``object``;
+        ``type`` is the value's type name and ``shapes`` the global shapes of its arrays.
+    """
+    try:
+        arrays, spans = _jax_leaves(value)
+    except ImportError:
+        arrays, spans = [], False
+    kind = "global" if spans else ("arrays" if arrays else "object")
+    return {
+        "kind": kind,
+        "type": f"{type(value).__module__}.{type(value).__qualname__}",
+        "shapes": [list(a.shape) for a in arrays],
+    }
+
+
+def fetch_value(value: Any, want: int) -> Any:
+    """Return ``value`` with every jax array replaced by a full numpy array.
+
+    Arrays that span processes are gathered with ``process_allgather``, a collective: call
+    this on every process at once. Only process ``want`` returns the value; the others
+    return None so that nothing else travels.
+
+    Parameters
+    ----------
+    value : Any
+        The value named by the user, resolved in the engine's namespace.
+    want : int
+        The process whose copy is returned.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    def to_numpy(leaf):
+        if isinstance(leaf, jax.Array):
+            if leaf.is_fully_addressable:
+                return np.asarray(leaf)
+            return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        return leaf
+
+    converted = jax.tree.map(to_numpy, value)
+    if jax.process_index() != want:
+        return None
+    module = type(converted).__module__ or ""
+    if module.split(".")[0] in ("jax", "jaxlib"):
+        raise TypeError(
+            f"{type(converted).__qualname__} is a JAX object that only lives on the engines; "
+            "pull arrays or plain Python values (use print() to see this one)"
+        )
+    return converted
+
+
+def complete(code: str, cursor_pos: int) -> dict:
+    """Completions from this engine's namespace, in the kernel protocol's reply format."""
+    from IPython import get_ipython
+
+    kernel = get_ipython().kernel
+    reply = kernel.do_complete(code, cursor_pos)
+    return dict(reply)
+
+
+def inspect(code: str, cursor_pos: int, detail_level: int = 0) -> dict:
+    """Inspection of the name at the cursor, in the kernel protocol's reply format."""
+    from IPython import get_ipython
+
+    kernel = get_ipython().kernel
+    return dict(kernel.do_inspect(code, cursor_pos, detail_level))

@@ -1,0 +1,5 @@
+"""The jaxsys Jupyter kernel."""
+
+from .kernel import JaxSysKernel
+
+__all__ = ["JaxSysKernel"]

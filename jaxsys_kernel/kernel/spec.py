@@ -1,0 +1,60 @@
+"""The jaxsys kernelspec: written for this Python, installable into any Jupyter prefix."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+KERNEL_NAME = "jaxsys"
+
+
+def kernel_spec(hosts: int = 4, devices_per_host: int = 2, python: str | None = None) -> dict:
+    """The ``kernel.json`` content for the jaxsys kernel.
+
+    Parameters
+    ----------
+    hosts, devices_per_host : int
+        Defaults for clusters started by the kernel (``$JAXSYS_HOSTS``,
+        ``$JAXSYS_DEVICES_PER_HOST``).
+    python : str, optional
+        Interpreter that runs the kernel; this one by default.
+    """
+    return {
+        "argv": [python or sys.executable, "-m", "jaxsys_kernel", "-f", "{connection_file}"],
+        "display_name": "jaxsys (multi-host JAX)",
+        "language": "python",
+        "interrupt_mode": "signal",
+        "env": {"JAXSYS_HOSTS": str(hosts), "JAXSYS_DEVICES_PER_HOST": str(devices_per_host)},
+        "metadata": {"debugger": False},
+    }
+
+
+def install_kernel_spec(
+    prefix: str | None = None,
+    user: bool = False,
+    hosts: int = 4,
+    devices_per_host: int = 2,
+) -> str:
+    """Install the jaxsys kernelspec and return the directory it was written to.
+
+    Parameters
+    ----------
+    prefix : str, optional
+        Install under ``PREFIX/share/jupyter/kernels``; defaults to ``sys.prefix`` unless
+        ``user`` is set.
+    user : bool
+        Install for the current user instead.
+    hosts, devices_per_host : int
+        Cluster defaults written into the spec's environment.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if not user and prefix is None:
+        prefix = sys.prefix
+    with tempfile.TemporaryDirectory() as td:
+        (Path(td) / "kernel.json").write_text(json.dumps(kernel_spec(hosts, devices_per_host), indent=2))
+        return KernelSpecManager().install_kernel_spec(
+            td, kernel_name=KERNEL_NAME, user=user, prefix=None if user else prefix, replace=True
+        )

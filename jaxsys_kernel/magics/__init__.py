@@ -1,0 +1,31 @@
+"""The jaxsys magics and the session state they drive."""
+
+from __future__ import annotations
+
+from .session import MultihostSession, make_spmd_transformer
+
+
+def register_magics(shell) -> MultihostSession:
+    """Register the jaxsys magics and the SPMD transformer on ``shell``.
+
+    Calling it again on the same shell returns the existing session.
+
+    Parameters
+    ----------
+    shell : IPython.core.interactiveshell.InteractiveShell
+
+    Returns
+    -------
+    MultihostSession
+        The session behind the magics.
+    """
+    from .magics import JaxSysMagics
+
+    existing = getattr(shell, "_jaxsys_session", None)
+    if existing is not None:
+        return existing
+    session = MultihostSession(shell)
+    shell.register_magics(JaxSysMagics(shell, session))
+    shell.input_transformers_cleanup.insert(0, make_spmd_transformer(session))
+    shell._jaxsys_session = session
+    return session

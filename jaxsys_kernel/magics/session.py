@@ -1,0 +1,330 @@
+"""The kernel-side state behind the magics: one cluster, SPMD mode, and typed operations.
+
+Every magic is a thin parser over a method here, so tests can call the methods directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from .._ranges import format_procs, parse_procs
+from ..cluster import Cluster, ClusterError
+from . import executor
+
+ENV_HOSTS = "JAXSYS_HOSTS"
+ENV_DEVICES = "JAXSYS_DEVICES_PER_HOST"
+ENV_LAUNCHER = "JAXSYS_LAUNCHER"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"${name}={raw!r} is not a whole number; set it to e.g. 4") from None
+    if value < 1:
+        raise UsageError(f"${name}={raw!r} must be at least 1")
+    return value
+
+
+class MultihostSession:
+    """State of one jaxsys kernel: its cluster, its SPMD mode and its defaults.
+
+    Parameters
+    ----------
+    shell : IPython.core.interactiveshell.InteractiveShell, optional
+        The shell whose namespace receives pulled values.
+    """
+
+    def __init__(self, shell=None):
+        self.shell = shell
+        self.cluster: Cluster | None = None
+        self.spmd = False
+        self.default_timeout: float | None = None
+
+    # -- cluster lifecycle ------------------------------------------------------------------
+
+    def defaults(self) -> dict:
+        """Cluster options from the environment (set in the kernelspec)."""
+        return {
+            "hosts": _env_int(ENV_HOSTS, 4),
+            "devices_per_host": _env_int(ENV_DEVICES, 2),
+            "launcher": os.environ.get(ENV_LAUNCHER, "local"),
+        }
+
+    def start(
+        self,
+        hosts: int | Sequence[str] | None = None,
+        devices_per_host: int | None = None,
+        launcher: str | None = None,
+        cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> Cluster:
+        """Start a cluster, filling unset options from the environment.
+
+        Raises
+        ------
+        UsageError
+            If a cluster is already running or an option is invalid.
+        """
+        if self.cluster is not None and self.cluster.state != "stopped":
+            raise UsageError(
+                f"a cluster of {self.cluster.nprocs} processes is already running; "
+                "use %jaxsys restart, or %jaxsys stop first"
+            )
+        d = self.defaults()
+        try:
+            cluster = Cluster(
+                hosts=d["hosts"] if hosts is None else hosts,
+                devices_per_host=d["devices_per_host"] if devices_per_host is None else devices_per_host,
+                launcher=d["launcher"] if launcher is None else launcher,
+                cache_dir=cache_dir,
+                **kwargs,
+            )
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.cluster = cluster
+        cluster.start_sync()
+        print(
+            f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
+            f"{cluster.ready_seconds:.1f} s (coordinator {cluster.coordinator_address})",
+            file=sys.stderr,
+        )
+        return cluster
+
+    def ensure_cluster(self) -> Cluster:
+        """Return the running cluster, starting one with the defaults if there is none."""
+        if self.cluster is None or self.cluster.state == "stopped":
+            return self.start()
+        return self.cluster
+
+    def require_cluster(self) -> Cluster:
+        """Return the running cluster or raise a UsageError that says how to start one."""
+        if self.cluster is None or self.cluster.state == "stopped":
+            raise UsageError("no cluster is running; start one with %jaxsys start")
+        return self.cluster
+
+    def stop(self) -> float | None:
+        """Stop the cluster, if any. Returns the seconds it took."""
+        if self.cluster is None or self.cluster.state == "stopped":
+            return None
+        return self.cluster.kill()
+
+    def restart(self) -> float:
+        """Restart the whole JAX world. Returns the seconds until it was ready again."""
+        cluster = self.require_cluster()
+        return cluster.restart_sync()
+
+    def shutdown(self) -> None:
+        """Kill everything at once; used when the kernel shuts down."""
+        if self.cluster is not None:
+            self.cluster.kill()
+
+    def status_rows(self) -> list[dict]:
+        """One row per process: process, engine, pid, host, devices, state."""
+        return self.require_cluster().status()
+
+    # -- cells ------------------------------------------------------------------------------
+
+    def parse_procs(self, text: str | None) -> list[int]:
+        """Turn a ``--procs`` value into ranks, raising UsageError on bad input."""
+        cluster = self.require_cluster()
+        if text is None:
+            return cluster.ranks
+        try:
+            return parse_procs(text, cluster.nprocs)
+        except ValueError as e:
+            raise UsageError(f"--procs: {e}") from None
+
+    def run_cell(
+        self,
+        code: str,
+        procs: str | None = None,
+        *,
+        timeout: float | None = None,
+        collate: bool = True,
+        all_displays: bool = False,
+    ) -> executor.CellResult | None:
+        """Run a cell on the selected processes; raise if any of them failed.
+
+        Returns
+        -------
+        CellResult or None
+            The cell's value, for the kernel to display.
+        """
+        cluster = self.ensure_cluster()
+        ranks = self.parse_procs(procs)
+        if timeout is None:
+            timeout = self.default_timeout
+        if timeout is not None and timeout <= 0:
+            raise UsageError(f"--timeout must be positive, got {timeout:g}")
+
+        def warn(ranks: list[int]) -> None:
+            if ranks:
+                print(
+                    f"jaxsys: sent SIGINT to {format_procs(ranks)}. If they were inside a "
+                    "collective, the JAX world is now out of step: run %jaxsys restart.",
+                    file=sys.stderr,
+                )
+
+        run = executor.execute(
+            cluster,
+            code,
+            ranks,
+            timeout=timeout,
+            collate=collate,
+            all_displays=all_displays,
+            on_interrupt=warn,
+        )
+        executor.raise_for_run(run)
+        return executor.cell_result(run)
+
+    # -- values -----------------------------------------------------------------------------
+
+    def pull(self, name: str, proc: int = 0) -> Any:
+        """Bring the value named ``name`` from process ``proc`` into the kernel.
+
+        A jax.Array that spans processes arrives as the full global numpy array; gathering
+        it is a collective, so every process takes part.
+        """
+        import ipyparallel as ipp
+
+        from ..engine import probes
+
+        cluster = self.require_cluster()
+        if not name.isidentifier():
+            raise UsageError(f"%pull takes a variable name, got {name!r}")
+        if not 0 <= proc < cluster.nprocs:
+            raise UsageError(f"--proc {proc} is outside this cluster's processes 0-{cluster.nprocs - 1}")
+        ref = ipp.Reference(name)
+        client = cluster.client
+        try:
+            kind = client[cluster.processes[proc].engine_id].apply_sync(probes.describe_value, ref)
+        except ipp.RemoteError as e:
+            if e.ename == "NameError":
+                raise UsageError(f"{name!r} is not defined on process {proc}") from None
+            raise
+        if kind["kind"] == "global":
+            kinds = cluster.view.apply_sync(probes.describe_value, ref)
+            differing = [r for r, k in enumerate(kinds) if k != kind]
+            if differing:
+                raise UsageError(
+                    f"{name!r} differs between processes (see {format_procs(differing)}); every "
+                    "process must hold the same global array to gather it"
+                )
+            values = cluster.view.apply_sync(probes.fetch_value, ref, proc)
+            value = values[proc]
+        else:
+            try:
+                value = client[cluster.processes[proc].engine_id].apply_sync(
+                    probes.fetch_value, ref, proc
+                )
+            except ipp.RemoteError as e:
+                if e.ename == "TypeError":
+                    raise UsageError(f"cannot pull {name!r}: {e.evalue}") from None
+                raise
+        return value
+
+    # -- completion and inspection from process 0 ----------------------------------------------
+
+    def remote_code(self, code: str, cursor_pos: int) -> tuple[str, int] | None:
+        """If ``code`` runs on the engines, return it (and the cursor) as the engines see it."""
+        if self.cluster is None or self.cluster.state != "ready":
+            return None
+        first, nl, rest = code.partition("\n")
+        if first.lstrip().startswith("%%multihost"):
+            offset = len(first) + len(nl)
+            if cursor_pos < offset:
+                return None
+            return rest, cursor_pos - offset
+        if self.spmd and not is_local_cell(code):
+            return code, cursor_pos
+        return None
+
+    def remote_complete(self, code: str, cursor_pos: int) -> dict | None:
+        """Completion reply from process 0, or None when the kernel should answer."""
+        from ..engine import probes
+
+        target = self.remote_code(code, cursor_pos)
+        if target is None:
+            return None
+        body, pos = target
+        offset = len(code) - len(body)
+        try:
+            reply = self._apply0(probes.complete, body, pos)
+        except Exception:  # noqa: BLE001 - fall back to local completion, never fail a keypress
+            return None
+        reply["cursor_start"] = reply.get("cursor_start", pos) + offset
+        reply["cursor_end"] = reply.get("cursor_end", pos) + offset
+        for comp in reply.get("metadata", {}).get("_jupyter_types_experimental", []):
+            comp["start"] += offset
+            comp["end"] += offset
+        return reply
+
+    def remote_inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> dict | None:
+        """Inspection reply from process 0, or None when the kernel should answer."""
+        from ..engine import probes
+
+        target = self.remote_code(code, cursor_pos)
+        if target is None:
+            return None
+        body, pos = target
+        try:
+            return self._apply0(probes.inspect, body, pos, detail_level)
+        except Exception:  # noqa: BLE001 - fall back to local inspection
+            return None
+
+    def _apply0(self, fn, *args, timeout: float = 5.0):
+        cluster = self.cluster
+        ar = cluster.client[cluster.processes[0].engine_id].apply_async(fn, *args)
+        return ar.get(timeout=timeout)
+
+
+# Cells that start with one of these run in the kernel even in SPMD mode.
+LOCAL_PREFIXES = ("%%local", "%jaxsys", "%multihost", "%%multihost", "%pull", "%load_ext")
+
+
+def is_local_cell(code: str) -> bool:
+    """Whether a cell stays in the kernel when SPMD mode is on."""
+    for line in code.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            return stripped.startswith(LOCAL_PREFIXES)
+    return True
+
+
+_HELP = re.compile(r"^\s*(\?{1,2})?([A-Za-z_][\w.]*)(\?{1,2})?\s*$")
+
+
+def make_spmd_transformer(session: MultihostSession):
+    """An IPython input transformer that sends cells to every process in SPMD mode."""
+
+    def transform(lines: list[str]) -> list[str]:
+        if not session.spmd:
+            return lines
+        code = "".join(lines)
+        help_request = _HELP.match(code)
+        if help_request and (help_request.group(1) or help_request.group(3)):
+            # Help goes through the pager, which engines do not return: ask process 0.
+            marks = help_request.group(1) or help_request.group(3)
+            detail = len(marks) - 1
+            return [f"%jaxsys inspect {help_request.group(2)} --detail {detail}\n"]
+        if is_local_cell(code):
+            first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
+            if first is not None and lines[first].strip().startswith("%%local"):
+                return lines[first + 1 :]
+            return lines
+        return ["%%multihost\n", *lines]
+
+    # IPython runs transformers flagged this way before its own magic handling.
+    transform.has_side_effects = False
+    return transform
+
