@@ -445,6 +445,7 @@ class Cluster:
         return self._ipp.engines.get(set_id)
 
     def _all_pids(self) -> list[int]:
+        """Every pid the cluster may have started: launchers, engines, nannies."""
         pids: set[int] = set()
         if self._ipp is not None:
             ctl = self._ipp.controller
@@ -456,7 +457,8 @@ class Cluster:
             for pid in (p.pid, p.nanny_pid):
                 if pid and self.launcher == "local":
                     pids.add(pid)
-        return sorted(pids)
+        # Launchers report -1 for a process that never started.
+        return sorted(pid for pid in pids if isinstance(pid, int) and pid > 1)
 
     def _engine_env(self, rank: int) -> dict[str, str]:
         env = {
@@ -745,7 +747,8 @@ def _sub_launchers(es) -> list:
 
 
 def _launcher_pids(es) -> list[int]:
-    return [sub.pid for sub in _sub_launchers(es) if getattr(sub, "pid", None)]
+    pids = (getattr(sub, "pid", None) for sub in _sub_launchers(es))
+    return [pid for pid in pids if isinstance(pid, int) and pid > 1]
 
 
 def _killpg_all(pids: Sequence[int]) -> None:
@@ -754,10 +757,11 @@ def _killpg_all(pids: Sequence[int]) -> None:
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        except OSError:
+            # Not a group leader (e.g. a pid reported by the engine itself).
             try:
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+            except OSError:
                 pass
 
 

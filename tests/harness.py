@@ -1,0 +1,148 @@
+"""Helpers shared by the tests: a real jaxsys kernel over the Jupyter protocol, and a
+process census that proves nothing was left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import psutil
+from jupyter_client.manager import KernelManager
+from jupyter_kernel_test.msgspec_v5 import validate_message
+
+# Every process a test starts inherits this tag, so the census finds exactly ours.
+TAG_VAR = "JAXSYS_TEST_RUN"
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment carries ``tag``."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if p.environ().get(TAG_VAR) == tag:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def wait_no_processes(tag: str, timeout: float = 10.0) -> list[str]:
+    """Wait until no tagged process is left; return descriptions of any survivors."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = tagged_processes(tag)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    out = []
+    for p in left:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:150]}")
+        except psutil.Error:
+            pass
+    return out
+
+
+@dataclass
+class CellOutput:
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    results: list[dict] = field(default_factory=list)
+    displays: list[dict] = field(default_factory=list)
+    error: dict | None = None
+    reply: dict | None = None
+    messages: list[dict] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(r.get("text/plain", "") for r in self.results)
+
+
+class Kernel:
+    """A jaxsys kernel started through jupyter_client, with a tagged environment."""
+
+    def __init__(self, tag: str, hosts: int = 2, devices_per_host: int = 2, extra_env=None):
+        self.tag = tag
+        env = dict(os.environ)
+        env.update(
+            {
+                TAG_VAR: tag,
+                "JAXSYS_HOSTS": str(hosts),
+                "JAXSYS_DEVICES_PER_HOST": str(devices_per_host),
+            }
+        )
+        env.update(extra_env or {})
+        self.km = KernelManager(kernel_name="jaxsys")
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def execute(self, code: str, timeout: float = 120.0, on_start=None) -> CellOutput:
+        msg_id = self.kc.execute(code)
+        out = CellOutput(status="?")
+        if on_start:
+            on_start()
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"cell did not finish in {timeout} s: {code[:80]!r}")
+            msg = self.kc.get_iopub_msg(timeout=remaining)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            validate_message(msg, msg["msg_type"], msg_id)
+            out.messages.append(msg)
+            t, c = msg["msg_type"], msg["content"]
+            if t == "status" and c["execution_state"] == "idle":
+                break
+            if t == "stream":
+                if c["name"] == "stdout":
+                    out.stdout += c["text"]
+                else:
+                    out.stderr += c["text"]
+            elif t == "execute_result":
+                out.results.append(c["data"])
+            elif t == "display_data":
+                out.displays.append(c["data"])
+            elif t == "error":
+                out.error = c
+        reply = self.kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        validate_message(reply, "execute_reply", msg_id)
+        out.reply = reply["content"]
+        out.status = reply["content"]["status"]
+        return out
+
+    def ok(self, code: str, timeout: float = 120.0) -> CellOutput:
+        out = self.execute(code, timeout=timeout)
+        assert out.status == "ok", f"cell failed: {out.error}\nstderr: {out.stderr}"
+        return out
+
+    def request(self, method: str, *args, **kwargs) -> dict:
+        msg_id = getattr(self.kc, method)(*args, **kwargs)
+        reply = self.kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        validate_message(reply, reply["msg_type"], msg_id)
+        return reply["content"]
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            if self.km.is_alive():
+                self.km.shutdown_kernel(now=False)

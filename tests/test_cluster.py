@@ -1,0 +1,88 @@
+"""The Cluster API on real engines: ranks, devices, collectives, restart, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxsys_kernel import Cluster
+from jaxsys_kernel.magics import executor
+
+
+def _jax_facts():
+    import jax
+
+    return jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count()
+
+
+def test_process_i_is_rank_i(cluster):
+    facts = cluster.view.apply_sync(_jax_facts)
+    assert facts == [(0, 2, 2, 4), (1, 2, 2, 4)]
+    # Engine order is the cluster's rank order, whatever ids ipyparallel gave.
+    assert [p.rank for p in cluster.processes] == [0, 1]
+    assert cluster.processes[0].devices == [0, 1]
+    assert cluster.processes[1].devices == [2048, 2049]
+
+
+def test_coordinator_binds_loopback(cluster):
+    assert cluster.coordinator_address.startswith("127.0.0.1:")
+
+
+def test_cross_process_psum(cluster):
+    code = """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((4,), ('x',))
+local = np.full((2,), jax.process_index() + 1.0, np.float32)
+arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P('x')), local)
+total = float(jax.jit(lambda a: a.sum())(arr))
+print('total', total)
+"""
+    lines: list[str] = []
+
+    class Capture(executor.Sink):
+        def stdout(self, text):
+            lines.append(text)
+
+    run = executor.execute(cluster, code, sink=Capture())
+    executor.raise_for_run(run)
+    # 1+1 from process 0's two devices, 2+2 from process 1's: 6, printed once for both.
+    assert "".join(lines) == "[p0-1] total 6.0\n"
+
+
+def test_status_rows(cluster):
+    rows = cluster.status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(r["state"] == "ready" and r["pid"] for r in rows)
+
+
+def test_restart_replaces_every_process(cluster):
+    old = [p.pid for p in cluster.processes]
+    seconds = cluster.restart_sync()
+    assert seconds > 0
+    new = [p.pid for p in cluster.processes]
+    assert set(old).isdisjoint(new)
+    assert cluster.view.apply_sync(_jax_facts) == [(0, 2, 2, 4), (1, 2, 2, 4)]
+
+
+def test_rank_mismatch_is_refused(cluster):
+    from jaxsys_kernel.engine import bootstrap
+
+    with pytest.raises(Exception, match="has rank 1"):
+        cluster.client[cluster.processes[1].engine_id].apply_sync(
+            bootstrap.initialize, "127.0.0.1:1", 2, 0
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"hosts": 0}, "at least 1"),
+        ({"launcher": "pbs"}, "unknown launcher"),
+        ({"launcher": "ssh", "hosts": 2}, "host names"),
+        ({"devices_per_host": 0}, "at least 1"),
+        ({"hosts": 2, "process_env": {5: {}}}, "process 5"),
+    ],
+)
+def test_bad_options(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        Cluster(**kwargs)
