@@ -38,8 +38,10 @@ def cluster(tag):
 @pytest.fixture(scope="module")
 def kernel(tag):
     """A jaxsys kernel with a started 2 x 2 cluster, shared by a module."""
-    k = Kernel(tag, hosts=2, devices_per_host=2)
-    out = k.execute("%jaxsys start", timeout=180)
-    assert out.status == "ok", out.stderr
-    yield k
-    k.shutdown()
+    k = Kernel(tag)
+    try:
+        out = k.execute("%jaxsys start --hosts 2 --devices-per-host 2", timeout=180)
+        assert out.status == "ok", out.stderr
+        yield k
+    finally:
+        k.shutdown()

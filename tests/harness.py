@@ -71,16 +71,12 @@ class CellOutput:
 class Kernel:
     """A jaxsys kernel started through jupyter_client, with a tagged environment."""
 
-    def __init__(self, tag: str, hosts: int = 2, devices_per_host: int = 2, extra_env=None):
+    def __init__(self, tag: str, extra_env=None):
+        # The kernelspec's own env (JAXSYS_HOSTS=4, ...) takes precedence over this one,
+        # so tests pass cluster sizes to %jaxsys start explicitly.
         self.tag = tag
         env = dict(os.environ)
-        env.update(
-            {
-                TAG_VAR: tag,
-                "JAXSYS_HOSTS": str(hosts),
-                "JAXSYS_DEVICES_PER_HOST": str(devices_per_host),
-            }
-        )
+        env[TAG_VAR] = tag
         env.update(extra_env or {})
         self.km = KernelManager(kernel_name="jaxsys")
         self.km.start_kernel(env=env)
@@ -126,6 +122,9 @@ class Kernel:
         validate_message(reply, "execute_reply", msg_id)
         out.reply = reply["content"]
         out.status = reply["content"]["status"]
+        if out.status == "error" and out.error is None:
+            # UsageError is printed to stderr rather than published as an error message.
+            out.error = reply["content"]
         return out
 
     def ok(self, code: str, timeout: float = 120.0) -> CellOutput:

@@ -14,6 +14,9 @@ import time
 RANK_VARIABLES = ("JAXSYS_PROCESS_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
+OUTPUT_FLUSH_INTERVAL = 0.05
+
+
 def process_rank() -> int:
     """Return this process's JAX process index, read from its environment.
 
@@ -47,6 +50,11 @@ def describe_process() -> dict:
     """
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    # ipykernel sends buffered output every 0.2 s; processes flushing out of phase would
+    # then print the same line up to 0.2 s apart, too far apart for the kernel to merge.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "flush_interval"):
+            stream.flush_interval = OUTPUT_FLUSH_INTERVAL
     nanny_pid = None
     try:
         from ipyparallel.engine.app import IPEngine

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 from .._ranges import format_procs
 
-DEFAULT_WINDOW = 0.06
+# Engines flush output every 50 ms (engine/bootstrap.py); twice that covers the skew.
+DEFAULT_WINDOW = 0.1
 
 
 class LineCollator:

@@ -13,6 +13,8 @@ from .._ranges import format_procs
 from .collate import DEFAULT_WINDOW, LineCollator
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Engines number their cells independently, so "Cell In[7]" on one is "Cell In[9]" on another.
+_CELL_NUMBER = re.compile(r"In\[\d+\]")
 # How long processes get to report after an interrupt or a timeout before the cell ends.
 INTERRUPT_GRACE = 3.0
 
@@ -105,7 +107,7 @@ def group_errors(run: CellRun) -> list[tuple[list[int], dict]]:
         err = run.results[r].error
         if err is None:
             continue
-        key = strip_ansi("\n".join(err.get("traceback") or [])) or (
+        key = _CELL_NUMBER.sub("In[]", strip_ansi("\n".join(err.get("traceback") or []))) or (
             f"{err.get('ename')}: {err.get('evalue')}"
         )
         groups.setdefault(key, ([], err))[0].append(r)

@@ -1,0 +1,208 @@
+"""The jaxsys kernel over the Jupyter protocol, with a real 2 x 2 cluster behind it.
+
+Every message the tests receive is validated against the protocol schema (harness.py).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+
+def test_kernel_info(kernel):
+    info = kernel.request("kernel_info")
+    assert info["implementation"] == "jaxsys"
+    assert info["language_info"]["name"] == "python"
+
+
+def test_kernel_never_imports_jax(kernel):
+    out = kernel.ok("import sys; sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))")
+    assert out.text == "[]"
+
+
+def test_device_counts_on_every_process(kernel):
+    out = kernel.ok("%%multihost\nimport jax\nprint(jax.process_count(), jax.device_count(), jax.local_device_count())")
+    assert out.stdout == "[p0-1] 2 4 2\n"
+
+
+def test_identical_and_differing_lines(kernel):
+    out = kernel.ok("%%multihost\nimport jax\nprint('same')\nprint('rank', jax.process_index())\nprint('end')")
+    assert out.stdout == "[p0-1] same\n[p0] rank 0\n[p1] rank 1\n[p0-1] end\n"
+
+
+def test_no_collate(kernel):
+    out = kernel.ok("%%multihost --no-collate\nprint('x')")
+    assert sorted(out.stdout.splitlines()) == ["[p0] x", "[p1] x"]
+
+
+def test_stderr_is_collated_separately(kernel):
+    out = kernel.ok("%%multihost\nimport sys\nprint('warn', file=sys.stderr)")
+    assert out.stderr == "[p0-1] warn\n"
+
+
+def test_procs_selection(kernel):
+    out = kernel.ok("%%multihost --procs 1\nimport jax\nprint(jax.process_index())")
+    assert out.stdout == "[p1] 1\n"
+
+
+def test_cell_value_shown_once_when_identical(kernel):
+    out = kernel.ok("%%multihost\nimport jax\njax.device_count()")
+    assert out.text == "4"
+    out = kernel.ok("%%multihost\njax.process_index() * 10")
+    assert out.text == "[p0] 0\n[p1] 10"
+
+
+def test_rich_display_from_process_zero_only(kernel):
+    code = "%%multihost\nfrom IPython.display import HTML, display\nimport jax\ndisplay(HTML(f'<b>{jax.process_index()}</b>'))"
+    out = kernel.ok(code)
+    assert [d.get("text/html") for d in out.displays] == ["<b>0</b>"]
+    out = kernel.ok(code.replace("%%multihost", "%%multihost --all-displays"))
+    assert sorted(d.get("text/html") for d in out.displays) == ["<b>0</b>", "<b>1</b>"]
+
+
+def test_error_on_one_process_is_named(kernel):
+    out = kernel.execute(
+        "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise ValueError('only on one')\nprint('survived')"
+    )
+    assert out.status == "error"
+    assert out.error["ename"] == "MultihostError"
+    assert "ValueError on p1" in out.error["evalue"]
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out.error["traceback"]))
+    assert "[p1] ValueError: only on one" in tb
+    assert "raise ValueError('only on one')" in tb  # the user's own frame
+    assert "ipyparallel" not in tb
+    assert out.stdout == "[p0] survived\n"
+
+
+def test_identical_errors_grouped(kernel):
+    out = kernel.execute("%%multihost\n1/0")
+    assert out.status == "error"
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out.error["traceback"]))
+    assert tb.count("ZeroDivisionError: division by zero") >= 1
+    assert "[p0-1] ZeroDivisionError" in tb
+    assert "[p0]" not in tb and "[p1]" not in tb
+
+
+def test_interrupt_reaches_the_engines(kernel):
+    timer = threading.Timer(2.0, kernel.km.interrupt_kernel)
+    t0 = time.monotonic()
+    out = kernel.execute("%%multihost\nimport time\nprint('sleeping')\ntime.sleep(60)", on_start=timer.start)
+    took = time.monotonic() - t0
+    assert out.status == "error"
+    assert out.error["ename"] == "MultihostInterrupt"
+    assert "interrupted processes p0-1" in out.error["evalue"]
+    assert took < 10
+    assert re.search(r"\[p0(-1)?\] sleeping", out.stdout) and "sleeping" in out.stdout.split("\n")[-2]
+    # The engines are usable again.
+    assert kernel.ok("%%multihost\nprint('back')").stdout == "[p0-1] back\n"
+
+
+def test_timeout_interrupts_and_reports(kernel):
+    out = kernel.execute("%%multihost --timeout 1\nimport time, jax\nif jax.process_index() == 0:\n    time.sleep(60)")
+    assert out.status == "error"
+    assert out.error["ename"] == "MultihostTimeout"
+    assert "still running: p0" in out.error["evalue"]
+    assert "finished: p1" in out.error["evalue"]
+
+
+def test_pull_sharded_array_is_gathered(kernel):
+    kernel.ok(
+        "%%multihost\n"
+        "import jax, numpy as np\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "mesh = jax.make_mesh((2, 2), ('a', 'b'))\n"
+        "pid = jax.process_index()\n"
+        "local = np.arange(8, dtype=np.float32).reshape(2, 4) + 100 * pid\n"
+        "g = jax.make_array_from_process_local_data(NamedSharding(mesh, P('a', 'b')), local)\n"
+        "assert not g.is_fully_addressable"
+    )
+    out = kernel.ok("%pull g")
+    assert "g <- p0: ndarray float32 (4, 4)" in out.stderr
+    out = kernel.ok("import numpy as np\nexpected = np.concatenate([np.arange(8).reshape(2, 4) + 100 * p for p in range(2)])\nbool((g == expected).all()), g.shape")
+    assert out.text == "(True, (4, 4))"
+
+
+def test_pull_local_value_from_a_process(kernel):
+    kernel.ok("%%multihost\nimport jax\nv = {'rank': jax.process_index(), 'arr': jax.numpy.ones(3) * jax.process_index()}")
+    kernel.ok("%pull v --proc 1")
+    out = kernel.ok("v['rank'], type(v['arr']).__name__, v['arr'].tolist()")
+    assert out.text == "(1, 'ndarray', [1.0, 1.0, 1.0])"
+
+
+@pytest.mark.parametrize(
+    "line,fragment",
+    [
+        ("%pull nosuchname", "not defined on process 0"),
+        ("%pull x --proc 7", "outside this cluster"),
+        ("%pull", "arguments are required"),
+        ("%%multihost --procs 3\n1", "--procs: process selection '3' is outside"),
+        ("%%multihost --timeout -1\n1", "positive"),
+        ("%jaxsys frobnicate", "invalid choice"),
+        ("%jaxsys start", "already running"),
+        ("%%local --x\n1", "takes no options"),
+    ],
+)
+def test_misuse_is_a_usage_error(kernel, line, fragment):
+    out = kernel.execute(line)
+    assert out.status == "error"
+    assert out.error["ename"] == "UsageError"
+    assert fragment in out.error["evalue"]
+
+
+def test_spmd_mode(kernel):
+    kernel.ok("%multihost on")
+    try:
+        out = kernel.ok("import jax\nprint(jax.process_index())\nspmd_value = 5")
+        assert out.stdout == "[p0] 0\n[p1] 1\n"
+        out = kernel.ok("%%local\nimport sys\n'jax' in sys.modules")
+        assert out.text == "False"
+        out = kernel.ok("%jaxsys status")
+        assert "process" in out.stdout
+    finally:
+        kernel.ok("%multihost off")
+    assert kernel.ok("%%multihost\nspmd_value").text == "5"
+    assert kernel.execute("spmd_value").status == "error"  # never defined in the kernel
+
+
+def test_completion_from_process_zero(kernel):
+    kernel.ok("%%multihost\nonly_on_engines_variable = 1")
+    code = "%%multihost\nonly_on_engines_var"
+    reply = kernel.request("complete", code, len(code))
+    assert "only_on_engines_variable" in reply["matches"]
+    assert code[reply["cursor_start"] : reply["cursor_end"]] == "only_on_engines_var"
+    # A kernel cell completes from the kernel's own namespace.
+    reply = kernel.request("complete", "only_on_engines_var", len("only_on_engines_var"))
+    assert "only_on_engines_variable" not in reply["matches"]
+
+
+def test_inspection_from_process_zero(kernel):
+    kernel.ok("%%multihost\nimport jax.numpy as jnp")
+    code = "%%multihost\njnp.sum"
+    reply = kernel.request("inspect", code, len(code), 0)
+    assert reply["found"]
+    assert "Sum of the elements" in reply["data"]["text/plain"]
+
+
+def test_status_lists_every_process(kernel):
+    out = kernel.ok("%jaxsys status")
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() == ["process", "engine", "pid", "host", "devices", "state"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["0", "1"]
+    assert all(ln.split()[-1] == "ready" for ln in lines[1:])
+
+
+@pytest.mark.parametrize("magic", ["%multihost", "%jaxsys", "%pull", "%%local"])
+def test_magic_help_has_examples(kernel, magic):
+    out = kernel.ok(f"{magic}?")
+    pages = [p["data"]["text/plain"] for p in out.reply["payload"] if p.get("source") == "page"]
+    assert pages and "Examples" in pages[0], pages
+
+
+def test_world_restart_from_the_kernel(kernel):
+    out = kernel.ok("%jaxsys restart", timeout=120)
+    assert re.search(r"JAX world ready again in \d+\.\d s", out.stdout)
+    assert "processes initialised 2/2" in out.stderr
+    assert kernel.ok("%%multihost\nimport jax\nprint(jax.device_count())").stdout == "[p0-1] 4\n"
