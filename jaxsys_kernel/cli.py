@@ -144,7 +144,9 @@ def _serve_cluster(args: argparse.Namespace) -> int:
 
     state_file = _state_file(args.name)
     state_file.parent.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(hosts=args.hosts, devices_per_host=args.devices_per_host, cache_dir=args.cache_dir)
+    cluster = Cluster(
+        hosts=args.hosts, devices_per_host=args.devices_per_host, cache_dir=args.cache_dir
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -156,7 +158,9 @@ def _serve_cluster(args: argparse.Namespace) -> int:
             state="ready",
             coordinator=cluster.coordinator_address,
             connection_file=str(
-                Path(cluster._ipp.profile_dir) / "security" / f"ipcontroller-{cluster._ipp.cluster_id}-client.json"
+                Path(cluster._ipp.profile_dir)
+                / "security"
+                / f"ipcontroller-{cluster._ipp.cluster_id}-client.json"
             ),
             processes=cluster.status(),
             ready_seconds=cluster.ready_seconds,
@@ -184,20 +188,34 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         if state_file.exists():
             old = json.loads(state_file.read_text())
             if _pid_alive(old.get("pid")) and old.get("state") != "failed":
-                print(f"jaxsys: cluster {args.name!r} is already running (pid {old['pid']})", file=sys.stderr)
+                print(
+                    f"jaxsys: cluster {args.name!r} is already running (pid {old['pid']})",
+                    file=sys.stderr,
+                )
                 return 1
             state_file.unlink()
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         log_path = STATE_DIR / f"{args.name}.log"
         cmd = [
-            sys.executable, "-m", "jaxsys_kernel.cli", "cluster", "start", "--foreground",
-            "--name", args.name, "--hosts", str(args.hosts),
-            "--devices-per-host", str(args.devices_per_host),
+            sys.executable,
+            "-m",
+            "jaxsys_kernel.cli",
+            "cluster",
+            "start",
+            "--foreground",
+            "--name",
+            args.name,
+            "--hosts",
+            str(args.hosts),
+            "--devices-per-host",
+            str(args.devices_per_host),
         ]
         if args.cache_dir:
             cmd += ["--cache-dir", args.cache_dir]
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             if state_file.exists():
@@ -206,17 +224,25 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 except json.JSONDecodeError:
                     state = {}
                 if state.get("state") == "ready":
-                    print(f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
-                          f"in {state['ready_seconds']:.1f} s (pid {proc.pid})")
+                    print(
+                        f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
+                        f"in {state['ready_seconds']:.1f} s (pid {proc.pid})"
+                    )
                     print(f"connect with ipyparallel.Client(url_file={state['connection_file']!r})")
                     return 0
             if proc.poll() is not None:
-                print(f"jaxsys: cluster {args.name!r} failed to start:\n{log_path.read_text()[-3000:]}", file=sys.stderr)
+                print(
+                    f"jaxsys: cluster {args.name!r} failed to start:\n{log_path.read_text()[-3000:]}",
+                    file=sys.stderr,
+                )
                 state_file.unlink(missing_ok=True)
                 return 1
             time.sleep(0.1)
         proc.kill()
-        print(f"jaxsys: cluster {args.name!r} not ready within {args.timeout:g} s; see {log_path}", file=sys.stderr)
+        print(
+            f"jaxsys: cluster {args.name!r} not ready within {args.timeout:g} s; see {log_path}",
+            file=sys.stderr,
+        )
         return 1
     if not state_file.exists():
         print(f"jaxsys: no cluster named {args.name!r} is running")
@@ -225,13 +251,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     pid = state.get("pid")
     if args.action == "status":
         alive = _pid_alive(pid)
-        print(f"cluster {args.name!r}: {state.get('state')} (pid {pid}, {'alive' if alive else 'gone'})")
+        print(
+            f"cluster {args.name!r}: {state.get('state')} (pid {pid}, {'alive' if alive else 'gone'})"
+        )
         if state.get("error"):
             print(f"error: {state['error']}")
         if state.get("processes"):
             from .magics.magics import format_status
 
-            rows = [dict(p, state=p["state"] if _pid_alive(p.get("pid")) else "dead") for p in state["processes"]]
+            rows = [
+                dict(p, state=p["state"] if _pid_alive(p.get("pid")) else "dead")
+                for p in state["processes"]
+            ]
             print(format_status(rows))
         return 0 if alive and state.get("state") == "ready" else 1
     # stop
@@ -256,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"jaxsys {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    lab = sub.add_parser("lab", help="open JupyterLab with the jaxsys kernel (extra args go to JupyterLab)")
+    lab = sub.add_parser(
+        "lab", help="open JupyterLab with the jaxsys kernel (extra args go to JupyterLab)"
+    )
     lab.add_argument("--notebook-dir", default=None, help="default: ./notebooks if present, else .")
 
     run = sub.add_parser("run", help="execute a notebook headless with the jaxsys kernel")
@@ -275,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ik = sub.add_parser("install-kernel", help="install the jaxsys kernelspec")
     ik.add_argument("--user", action="store_true", help="install for this user")
-    ik.add_argument("--prefix", default=None, help="install under PREFIX (default: this environment)")
+    ik.add_argument(
+        "--prefix", default=None, help="install under PREFIX (default: this environment)"
+    )
     ik.add_argument("--hosts", type=int, default=4)
     ik.add_argument("--devices-per-host", type=int, default=2)
     return p

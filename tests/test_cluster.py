@@ -86,3 +86,7 @@ def test_rank_mismatch_is_refused(cluster):
 def test_bad_options(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         Cluster(**kwargs)
+
+
+def test_engine_id_is_process_index(cluster):
+    assert [p.engine_id for p in cluster.processes] == [0, 1]

@@ -31,7 +31,12 @@ def test_failed_join_names_the_process(tag):
 
 def test_engine_dying_before_registration_is_named(tag):
     # A wrong parent pid makes the engine's start-up guard exit at once.
-    c = Cluster(hosts=2, devices_per_host=1, process_env={0: {"JAXSYS_PARENT_PID": "1"}}, progress=lambda e: None)
+    c = Cluster(
+        hosts=2,
+        devices_per_host=1,
+        process_env={0: {"JAXSYS_PARENT_PID": "1"}},
+        progress=lambda e: None,
+    )
     with pytest.raises(ClusterStartError, match="process 0 exited with code 1"):
         c.start_sync()
     assert not wait_no_processes(tag, timeout=10)
@@ -47,4 +52,6 @@ def test_progress_reports_each_stage(tag):
     stages = [(e.stage, e.done, e.total) for e in events]
     assert ("engines registered", 2, 2) in stages
     assert ("processes initialised", 2, 2) in stages
-    assert stages.index(("engines registered", 2, 2)) < stages.index(("processes initialised", 2, 2))
+    assert stages.index(("engines registered", 2, 2)) < stages.index(
+        ("processes initialised", 2, 2)
+    )

@@ -19,17 +19,23 @@ def test_kernel_info(kernel):
 
 
 def test_kernel_never_imports_jax(kernel):
-    out = kernel.ok("import sys; sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))")
+    out = kernel.ok(
+        "import sys; sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))"
+    )
     assert out.text == "[]"
 
 
 def test_device_counts_on_every_process(kernel):
-    out = kernel.ok("%%multihost\nimport jax\nprint(jax.process_count(), jax.device_count(), jax.local_device_count())")
+    out = kernel.ok(
+        "%%multihost\nimport jax\nprint(jax.process_count(), jax.device_count(), jax.local_device_count())"
+    )
     assert out.stdout == "[p0-1] 2 4 2\n"
 
 
 def test_identical_and_differing_lines(kernel):
-    out = kernel.ok("%%multihost\nimport jax\nprint('same')\nprint('rank', jax.process_index())\nprint('end')")
+    out = kernel.ok(
+        "%%multihost\nimport jax\nprint('same')\nprint('rank', jax.process_index())\nprint('end')"
+    )
     assert out.stdout == "[p0-1] same\n[p0] rank 0\n[p1] rank 1\n[p0-1] end\n"
 
 
@@ -89,19 +95,25 @@ def test_identical_errors_grouped(kernel):
 def test_interrupt_reaches_the_engines(kernel):
     timer = threading.Timer(2.0, kernel.km.interrupt_kernel)
     t0 = time.monotonic()
-    out = kernel.execute("%%multihost\nimport time\nprint('sleeping')\ntime.sleep(60)", on_start=timer.start)
+    out = kernel.execute(
+        "%%multihost\nimport time\nprint('sleeping')\ntime.sleep(60)", on_start=timer.start
+    )
     took = time.monotonic() - t0
     assert out.status == "error"
     assert out.error["ename"] == "MultihostInterrupt"
     assert "interrupted processes p0-1" in out.error["evalue"]
     assert took < 10
-    assert re.search(r"\[p0(-1)?\] sleeping", out.stdout) and "sleeping" in out.stdout.split("\n")[-2]
+    assert (
+        re.search(r"\[p0(-1)?\] sleeping", out.stdout) and "sleeping" in out.stdout.split("\n")[-2]
+    )
     # The engines are usable again.
     assert kernel.ok("%%multihost\nprint('back')").stdout == "[p0-1] back\n"
 
 
 def test_timeout_interrupts_and_reports(kernel):
-    out = kernel.execute("%%multihost --timeout 1\nimport time, jax\nif jax.process_index() == 0:\n    time.sleep(60)")
+    out = kernel.execute(
+        "%%multihost --timeout 1\nimport time, jax\nif jax.process_index() == 0:\n    time.sleep(60)"
+    )
     assert out.status == "error"
     assert out.error["ename"] == "MultihostTimeout"
     assert "still running: p0" in out.error["evalue"]
@@ -121,12 +133,16 @@ def test_pull_sharded_array_is_gathered(kernel):
     )
     out = kernel.ok("%pull g")
     assert "g <- p0: ndarray float32 (4, 4)" in out.stderr
-    out = kernel.ok("import numpy as np\nexpected = np.concatenate([np.arange(8).reshape(2, 4) + 100 * p for p in range(2)])\nbool((g == expected).all()), g.shape")
+    out = kernel.ok(
+        "import numpy as np\nexpected = np.concatenate([np.arange(8).reshape(2, 4) + 100 * p for p in range(2)])\nbool((g == expected).all()), g.shape"
+    )
     assert out.text == "(True, (4, 4))"
 
 
 def test_pull_local_value_from_a_process(kernel):
-    kernel.ok("%%multihost\nimport jax\nv = {'rank': jax.process_index(), 'arr': jax.numpy.ones(3) * jax.process_index()}")
+    kernel.ok(
+        "%%multihost\nimport jax\nv = {'rank': jax.process_index(), 'arr': jax.numpy.ones(3) * jax.process_index()}"
+    )
     kernel.ok("%pull v --proc 1")
     out = kernel.ok("v['rank'], type(v['arr']).__name__, v['arr'].tolist()")
     assert out.text == "(1, 'ndarray', [1.0, 1.0, 1.0])"

@@ -26,7 +26,10 @@ class JaxSysProtocolTests(jkt.KernelTests):
     code_generate_error = "raise ValueError('boom')"
     code_execute_result = [{"code": "6*7", "result": "42"}]
     code_display_data = [
-        {"code": "from IPython.display import HTML, display; display(HTML('<b>x</b>'))", "mime": "text/html"}
+        {
+            "code": "from IPython.display import HTML, display; display(HTML('<b>x</b>'))",
+            "mime": "text/html",
+        }
     ]
     code_history_pattern = "6*7"
     # "range" is left out: IPython answers a range request for the current session with

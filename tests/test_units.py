@@ -19,7 +19,13 @@ def test_parse_procs(text, n, expected):
 
 @pytest.mark.parametrize(
     "text,fragment",
-    [("4", "outside"), ("a", "bad process"), ("3-1", "start is after end"), ("", "empty"), ("0;1", "bad")],
+    [
+        ("4", "outside"),
+        ("a", "bad process"),
+        ("3-1", "start is after end"),
+        ("", "empty"),
+        ("0;1", "bad"),
+    ],
 )
 def test_parse_procs_errors(text, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -139,3 +145,12 @@ def test_spmd_transformer_routes_cells():
     assert t(["%%local\n", "y = 2\n"]) == ["y = 2\n"]
     assert t(["%jaxsys status\n"]) == ["%jaxsys status\n"]
     assert t(["jnp.sum??\n"]) == ["%jaxsys inspect jnp.sum --detail 1\n"]
+
+
+def test_drop_pattern_discards_noise():
+    import re
+
+    out: list[str] = []
+    c = LineCollator([0], out.append, drop=re.compile(r"^\[Gloo\]"))
+    c.feed(0, "[Gloo] Rank 1 is connected to 7 peer ranks.\nreal\n")
+    assert "".join(out) == "[p0] real\n"

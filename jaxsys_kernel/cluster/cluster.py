@@ -33,6 +33,10 @@ HEARTBEAT_PERIOD_MS = 500
 class ClusterError(RuntimeError):
     """A cluster operation failed; the message names the processes involved."""
 
+    def _render_traceback_(self) -> list[str]:
+        # In a notebook the message is the whole story; the driver's frames are noise.
+        return [f"{type(self).__name__}: {self}"]
+
 
 class ClusterStartError(ClusterError):
     """The cluster could not be brought up; nothing it started is left running."""
@@ -515,7 +519,11 @@ class Cluster:
         if self.launcher in ("local", "ssh"):
             for rank in self.ranks:
                 set_id = f"p{rank}-{tag}"
-                kwargs: dict[str, Any] = {"environment": self._engine_env(rank)}
+                # Ask the hub for engine id == rank, so that process i is engine i.
+                kwargs: dict[str, Any] = {
+                    "environment": self._engine_env(rank),
+                    "engine_args": [f"--IPEngine.id={rank}"],
+                }
                 if self.launcher == "ssh":
                     kwargs["engines"] = {self.host_names[rank]: 1}
                 await ipp_cluster.start_engines(n=1, engine_set_id=set_id, **kwargs)
@@ -632,7 +640,9 @@ class Cluster:
                 last = len(ok)
             if len(ok) == n:
                 break
-            if errors and first_error_at is None:
+            if first_error_at is None and (
+                errors or any(self._launcher_failure(r) for r in self.ranks if r not in done)
+            ):
                 first_error_at = time.monotonic()
             # Once one process has failed the others can only wait for it: give their
             # own errors a moment to arrive, then report everything at once.
@@ -714,7 +724,9 @@ class Cluster:
             es = self._engine_launcher(rank)
             if es is not None:
                 old_pids.extend(_launcher_pids(es))
-        old_pids.extend(p.nanny_pid for p in self.processes if p.nanny_pid)
+        # The nannies are spared: they tell the hub at once that their engine died, which
+        # frees the engine ids for the new processes (they exit by themselves afterwards).
+        old_ids = {p.engine_id for p in self.processes}
         old_sets = set(self._engine_sets.values())
         self.state = "restarting"
         for p in self.processes:
@@ -724,6 +736,11 @@ class Cluster:
             self._ipp.engines.pop(set_id, None)
         try:
             await asyncio.to_thread(_wait_gone, old_pids, 5.0)
+            deadline = time.monotonic() + 5.0
+            while old_ids & set(self.client.ids) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            # Engines the hub still lists after that are excluded (the new ones then get
+            # other ids; ranks still come from the environment).
             await self._bring_up_engines(
                 time.monotonic() + self.register_timeout, exclude=set(self.client.ids)
             )
@@ -799,14 +816,16 @@ def _default_progress(event: ProgressEvent) -> None:
     bar = _bars.get(event.stage)
     if bar is None:
         _finish_progress()
-        bar = _bars[event.stage] = tqdm(
+        _bars[event.stage] = tqdm(
             total=event.total,
+            initial=event.done,
             desc=event.stage,
             bar_format="{desc} {n}/{total} [{elapsed}]",
             mininterval=0,
         )
-    bar.n = event.done
-    bar.refresh()
+    elif bar.n != event.done:
+        bar.n = event.done
+        bar.refresh()
 
 
 def _finish_progress() -> None:

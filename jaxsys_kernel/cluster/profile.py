@@ -14,7 +14,7 @@ from pathlib import Path
 
 # Runs inside ipengine / ipcontroller at start-up, before anything else. Kept free of
 # jaxsys imports so it also works where only ipyparallel is installed.
-_PDEATHSIG_SNIPPET = '''\
+_PDEATHSIG_SNIPPET = """\
 import ctypes, os, signal, sys
 if sys.platform.startswith("linux"):
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -23,7 +23,7 @@ if sys.platform.startswith("linux"):
     _expected = os.environ.get("JAXSYS_PARENT_PID")
     if _expected and os.getppid() != int(_expected):
         os._exit(1)
-'''
+"""
 
 _HEADER = "# Written by jaxsys for one cluster; removed when the cluster stops.\n"
 

@@ -150,9 +150,7 @@ def initialize(
     # process that cannot start its backend fails here, inside the deadline, not later.
     local = jax.local_devices()
     if jax.process_index() != process_id:
-        raise RuntimeError(
-            f"JAX reports process_index {jax.process_index()} for rank {process_id}"
-        )
+        raise RuntimeError(f"JAX reports process_index {jax.process_index()} for rank {process_id}")
     return {
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),

@@ -54,7 +54,9 @@ def install_kernel_spec(
     if not user and prefix is None:
         prefix = sys.prefix
     with tempfile.TemporaryDirectory() as td:
-        (Path(td) / "kernel.json").write_text(json.dumps(kernel_spec(hosts, devices_per_host), indent=2))
+        (Path(td) / "kernel.json").write_text(
+            json.dumps(kernel_spec(hosts, devices_per_host), indent=2)
+        )
         return KernelSpecManager().install_kernel_spec(
             td, kernel_name=KERNEL_NAME, user=user, prefix=None if user else prefix, replace=True
         )

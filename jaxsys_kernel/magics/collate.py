@@ -9,6 +9,7 @@ lines under one process label.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ class LineCollator:
         When False, every line is emitted at once with its own process label.
     clock : callable
         Monotonic clock, replaceable in tests.
+    drop : re.Pattern, optional
+        Lines matching it are discarded (known noise from native libraries).
     """
 
     def __init__(
@@ -44,12 +47,14 @@ class LineCollator:
         window: float = DEFAULT_WINDOW,
         collate: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        drop: re.Pattern | None = None,
     ):
         self.procs = list(procs)
         self.emit = emit
         self.window = window
         self.collate = collate
         self.clock = clock
+        self.drop = drop
         self._partial = dict.fromkeys(self.procs, "")
         self._lines: dict[int, deque[tuple[str, float]]] = {p: deque() for p in self.procs}
         self._finished: set[int] = set()
@@ -59,6 +64,8 @@ class LineCollator:
         buf = self._partial[proc] + text
         *complete, rest = buf.split("\n")
         self._partial[proc] = rest
+        if self.drop is not None:
+            complete = [ln for ln in complete if not self.drop.match(ln)]
         now = self.clock()
         if not self.collate:
             if complete:

@@ -15,6 +15,9 @@ from .collate import DEFAULT_WINDOW, LineCollator
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Engines number their cells independently, so "Cell In[7]" on one is "Cell In[9]" on another.
 _CELL_NUMBER = re.compile(r"In\[\d+\]")
+# Printed by gloo's C++ on the first collective of every device set; it says nothing a
+# user can act on, and its "Rank" numbers are not process indices, which misleads.
+NATIVE_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 # How long processes get to report after an interrupt or a timeout before the cell ends.
 INTERRUPT_GRACE = 3.0
 
@@ -200,8 +203,8 @@ def execute(
     events: queue.SimpleQueue = queue.SimpleQueue()
     run = CellRun(procs=procs, results={r: ProcResult(rank=r) for r in procs})
     out = {
-        "stdout": LineCollator(procs, sink.stdout, window=window, collate=collate),
-        "stderr": LineCollator(procs, sink.stderr, window=window, collate=collate),
+        name: LineCollator(procs, write, window=window, collate=collate, drop=NATIVE_NOISE)
+        for name, write in (("stdout", sink.stdout), ("stderr", sink.stderr))
     }
     display_from = procs[0]
 
@@ -283,7 +286,11 @@ def execute(
         """Handle events until ``until``; False once nothing is left to wait for."""
         while running:
             now = time.monotonic()
-            limits = [t for t in (until, out["stdout"].next_deadline(), out["stderr"].next_deadline()) if t]
+            limits = [
+                t
+                for t in (until, out["stdout"].next_deadline(), out["stderr"].next_deadline())
+                if t
+            ]
             wait = max(0.0, min(limits) - now) if limits else 0.5
             try:
                 rank, kind, payload = events.get(timeout=min(wait, 0.5))

@@ -39,7 +39,10 @@ def format_status(rows: list[dict]) -> str:
         for r in rows
     ]
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *body]]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *body]
+    ]
     return "\n".join(lines)
 
 
@@ -54,11 +57,18 @@ class JaxSysMagics(Magics):
     @magic_arguments()
     @argument("action", choices=JAXSYS_ACTIONS, help="what to do with the cluster")
     @argument("name", nargs="?", help="for inspect: the name to look up on process 0")
-    @argument("--hosts", type=str, default=None, help="number of processes, or host1,host2,... for ssh")
+    @argument(
+        "--hosts", type=str, default=None, help="number of processes, or host1,host2,... for ssh"
+    )
     @argument("--devices-per-host", type=int, default=None, help="CPU devices per process")
     @argument("--launcher", choices=("local", "ssh", "mpi", "slurm"), default=None)
     @argument("--cache-dir", default=None, help="persistent compilation cache directory")
-    @argument("--init-timeout", type=float, default=60.0, help="seconds allowed for jax.distributed.initialize")
+    @argument(
+        "--init-timeout",
+        type=float,
+        default=60.0,
+        help="seconds allowed for jax.distributed.initialize",
+    )
     @argument("--detail", type=int, default=0, help="for inspect: 1 shows the source, like ??")
     @line_magic
     def jaxsys(self, line: str = ""):
@@ -100,11 +110,17 @@ class JaxSysMagics(Magics):
             )
         elif args.action == "stop":
             took = s.stop()
-            print("jaxsys: no cluster was running" if took is None else f"jaxsys: cluster stopped in {took:.2f} s")
+            print(
+                "jaxsys: no cluster was running"
+                if took is None
+                else f"jaxsys: cluster stopped in {took:.2f} s"
+            )
         elif args.action == "restart":
             took = s.restart()
             c = s.cluster
-            print(f"jaxsys: restarted all {c.nprocs} processes; JAX world ready again in {took:.1f} s")
+            print(
+                f"jaxsys: restarted all {c.nprocs} processes; JAX world ready again in {took:.1f} s"
+            )
         elif args.action == "status":
             print(format_status(s.status_rows()))
         elif args.action == "inspect":
@@ -120,9 +136,22 @@ class JaxSysMagics(Magics):
 
     @magic_arguments()
     @argument("--procs", default=None, help="processes to run on, e.g. 0,2-3 (default: all)")
-    @argument("--timeout", type=_positive_float, default=None, help="interrupt processes still running after this many seconds")
-    @argument("--no-collate", action="store_true", help="label every line by process; do not merge identical lines")
-    @argument("--all-displays", action="store_true", help="show rich output from every process, not only the first")
+    @argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        help="interrupt processes still running after this many seconds",
+    )
+    @argument(
+        "--no-collate",
+        action="store_true",
+        help="label every line by process; do not merge identical lines",
+    )
+    @argument(
+        "--all-displays",
+        action="store_true",
+        help="show rich output from every process, not only the first",
+    )
     @argument("mode", nargs="?", choices=("on", "off"), help="line form only: SPMD mode on or off")
     @line_cell_magic
     def multihost(self, line: str = "", cell: str | None = None):
@@ -159,12 +188,18 @@ class JaxSysMagics(Magics):
                 return None
             self.session.spmd = args.mode == "on"
             if self.session.spmd:
-                print("SPMD mode on: cells run on every process; start a cell with %%local to run it here")
+                print(
+                    "SPMD mode on: cells run on every process; start a cell with %%local to run it here"
+                )
             else:
-                print("SPMD mode off: cells run in the kernel; use %%multihost to run one on every process")
+                print(
+                    "SPMD mode off: cells run in the kernel; use %%multihost to run one on every process"
+                )
             return None
         if args.mode is not None:
-            raise UsageError("%%multihost takes options only; use %multihost on|off on a line of its own")
+            raise UsageError(
+                "%%multihost takes options only; use %multihost on|off on a line of its own"
+            )
         if not cell.strip():
             return None
         return self.session.run_cell(
@@ -221,4 +256,3 @@ class JaxSysMagics(Magics):
         dtype = getattr(value, "dtype", None)
         desc = type(value).__name__ + (f" {dtype} {tuple(shape)}" if shape is not None else "")
         print(f"{args.name} <- {format_procs([args.proc])}: {desc}", file=sys.stderr)
-

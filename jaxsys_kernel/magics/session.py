@@ -14,7 +14,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .._ranges import format_procs, parse_procs
-from ..cluster import Cluster, ClusterError
+from ..cluster import Cluster
 from . import executor
 
 ENV_HOSTS = "JAXSYS_HOSTS"
@@ -84,7 +84,9 @@ class MultihostSession:
         try:
             cluster = Cluster(
                 hosts=d["hosts"] if hosts is None else hosts,
-                devices_per_host=d["devices_per_host"] if devices_per_host is None else devices_per_host,
+                devices_per_host=d["devices_per_host"]
+                if devices_per_host is None
+                else devices_per_host,
                 launcher=d["launcher"] if launcher is None else launcher,
                 cache_dir=cache_dir,
                 **kwargs,
@@ -203,7 +205,9 @@ class MultihostSession:
         if not name.isidentifier():
             raise UsageError(f"%pull takes a variable name, got {name!r}")
         if not 0 <= proc < cluster.nprocs:
-            raise UsageError(f"--proc {proc} is outside this cluster's processes 0-{cluster.nprocs - 1}")
+            raise UsageError(
+                f"--proc {proc} is outside this cluster's processes 0-{cluster.nprocs - 1}"
+            )
         ref = ipp.Reference(name)
         client = cluster.client
         try:
@@ -327,4 +331,3 @@ def make_spmd_transformer(session: MultihostSession):
     # IPython runs transformers flagged this way before its own magic handling.
     transform.has_side_effects = False
     return transform
-

@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine: `make lab` and `make test`.
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.jaxsys-installed
+# The first interpreter >= 3.12 that actually runs (a pyenv shim may exist but fail).
+PYTHON ?= $(shell for p in python3.12 python3.13 python3 $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3); do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+PYTEST_ARGS ?=
+
+.PHONY: install lab test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "Python >= 3.12 is required (set PYTHON=/path/to/python3.12)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(VENV)/bin/jaxsys install-kernel --prefix $(VENV)
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jaxsys lab --notebook-dir notebooks
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check jaxsys_kernel tests bench
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check jaxsys_kernel tests bench
+	$(VENV)/bin/ruff format --check jaxsys_kernel tests bench
+
+bench: $(STAMP)
+	$(PY) bench/dispatch.py
+	$(PY) bench/bringup.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
