@@ -1,0 +1,54 @@
+"""Every notebook in notebooks/ runs end to end, headless, with the jaxsys kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from jaxsys_kernel.cli import run_notebook
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+# Lines a notebook's outputs must contain: proof that it shows what its prose says.
+EXPECTED = {
+    "00-quickstart.ipynb": [
+        "[p0-3] local devices: 2, devices in the world: 8",
+        "[p0-3] sum: 48.0 mean: 1.5",
+        "as expected: True",
+        "JAX imported in the kernel: False",
+        "[p3] 30",
+    ],
+}
+
+
+def _output_text(nb) -> str:
+    return "\n".join(
+        o.get("text", "") or o.get("data", {}).get("text/plain", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path, tag, tmp_path):
+    out = tmp_path / path.name
+    run_notebook(path, output=str(out), timeout=300)
+    nb = nbformat.read(out, as_version=4)
+    text = _output_text(nb)
+    for line in EXPECTED.get(path.name, []):
+        assert line in text, f"{path.name}: missing {line!r}"
+    assert "[Gloo]" not in text
+
+
+def test_notebooks_are_stored_without_outputs():
+    assert NOTEBOOKS
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        assert nb.metadata["kernelspec"]["name"] == "jaxsys"
+        for c in nb.cells:
+            if c.cell_type == "code":
+                assert not c.get("outputs") and c.get("execution_count") is None, path.name
