@@ -69,6 +69,9 @@ def cmd_lab(args: argparse.Namespace, extra: list[str]) -> int:
     if root is None:
         root = Path("notebooks") if Path("notebooks").is_dir() else Path.cwd()
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root.resolve()}", *extra]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
+        # Containers and CI machines often run as root, which JupyterLab refuses by default.
+        cmd.append("--allow-root")
     print("jaxsys: " + " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd)
 
@@ -228,7 +231,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                         f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
                         f"in {state['ready_seconds']:.1f} s (pid {proc.pid})"
                     )
-                    print(f"connect with ipyparallel.Client(url_file={state['connection_file']!r})")
+                    print(f"connect with ipyparallel.Client({state["connection_file"]!r})")
                     return 0
             if proc.poll() is not None:
                 print(
