@@ -231,7 +231,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                         f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
                         f"in {state['ready_seconds']:.1f} s (pid {proc.pid})"
                     )
-                    print(f"connect with ipyparallel.Client({state["connection_file"]!r})")
+                    print(f"connect with ipyparallel.Client({state['connection_file']!r})")
                     return 0
             if proc.poll() is not None:
                 print(

@@ -19,7 +19,9 @@ JAXSYS = [sys.executable, "-m", "jaxsys_kernel.cli"]
 
 
 def jaxsys(*args, env=None, timeout=180):
-    return subprocess.run([*JAXSYS, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [*JAXSYS, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def test_install_kernel_into_prefix(tmp_path):
@@ -45,7 +47,9 @@ def test_run_failing_notebook_exits_1_and_names_the_cell(tag, tmp_path):
     nb.metadata["kernelspec"] = {"name": "jaxsys", "display_name": "jaxsys", "language": "python"}
     nb.cells = [
         nbformat.v4.new_code_cell("%jaxsys start --hosts 2 --devices-per-host 1"),
-        nbformat.v4.new_code_cell("%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise KeyError('broken-cell')"),
+        nbformat.v4.new_code_cell(
+            "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise KeyError('broken-cell')"
+        ),
         nbformat.v4.new_code_cell("print('never reached')"),
     ]
     path = tmp_path / "bad.ipynb"
@@ -100,15 +104,32 @@ def _free_port() -> int:
 def test_lab_serves_the_kernel_and_the_notebooks(tag, tmp_path):
     port = _free_port()
     token = "jaxsys-test-token"
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+    )
     proc = subprocess.Popen(
-        [*JAXSYS, "lab", "--notebook-dir", str(ROOT / "notebooks"), "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", f"--IdentityProvider.token={token}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True,
+        [
+            *JAXSYS,
+            "lab",
+            "--notebook-dir",
+            str(ROOT / "notebooks"),
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
     )
 
     def get(path):
-        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"}
+        )
         with urllib.request.urlopen(req, timeout=5) as resp:
             return resp.status, resp.read()
 
@@ -120,7 +141,9 @@ def test_lab_serves_the_kernel_and_the_notebooks(tag, tmp_path):
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError(f"JupyterLab did not come up: {proc.stderr.read1().decode()[-2000:]}")
+                    raise AssertionError(
+                        f"JupyterLab did not come up: {proc.stderr.read1().decode()[-2000:]}"
+                    ) from None
                 time.sleep(0.3)
         specs = json.loads(body)["kernelspecs"]
         assert "jaxsys" in specs

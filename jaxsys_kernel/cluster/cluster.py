@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._ranges import format_procs
@@ -470,6 +471,7 @@ class Cluster:
             "JAXSYS_NUM_PROCESSES": str(self.nprocs),
             "JAXSYS_PARENT_PID": str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
+            "JAXSYS_PREIMPORT": "jax",
         }
         if self.launcher != "local":
             # Remote launchers start engines from a shell, not from this process.
@@ -507,6 +509,9 @@ class Cluster:
             log_level=logging.ERROR,
             controller_args=controller_args,
             shutdown_atexit=False,
+            # Engines read the controller's connection file themselves, so they can be
+            # launched before the controller has written it.
+            send_engines_connection_env=False,
             **kwargs,
         )
         cluster.controller_launcher_class  # noqa: B018 - resolve the trait before launch
@@ -522,7 +527,12 @@ class Cluster:
                 # Ask the hub for engine id == rank, so that process i is engine i.
                 kwargs: dict[str, Any] = {
                     "environment": self._engine_env(rank),
-                    "engine_args": [f"--IPEngine.id={rank}"],
+                    "engine_args": [
+                        f"--IPEngine.id={rank}",
+                        *self._nanny_args(),
+                        # Engines start alongside the controller and wait for its file.
+                        f"--IPEngine.wait_for_url_file={self.register_timeout:g}",
+                    ],
                 }
                 if self.launcher == "ssh":
                     kwargs["engines"] = {self.host_names[rank]: 1}
@@ -535,6 +545,37 @@ class Cluster:
             set_id = f"all-{tag}"
             await ipp_cluster.start_engines(n=self.nprocs, engine_set_id=set_id, environment=env)
             self._engine_sets = dict.fromkeys(self.ranks, set_id)
+
+    def _nanny_args(self) -> list[str]:
+        # The nanny relays signals to remote engines. Local engines are signalled directly,
+        # and starting a nanny costs each engine ~1 s of start-up on a busy machine.
+        return ["--IPEngine.enable_nanny=False"] if self.launcher == "local" else []
+
+    def _unregister(self, engine_ids: set[int]) -> None:
+        """Tell the hub that these engines are gone, as a nanny would, freeing their ids."""
+        import json
+
+        import zmq
+
+        if not engine_ids or self._ipp is None:
+            return
+        path = (
+            Path(self._ipp.profile_dir)
+            / "security"
+            / f"ipcontroller-{self._ipp.cluster_id}-engine.json"
+        )
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 1000
+        try:
+            sock.connect(f"{info['interface']}:{info['registration']}")
+            for eid in sorted(engine_ids):
+                self.client.session.send(sock, "unregistration_request", content={"id": eid})
+        finally:
+            sock.close()
 
     def _launcher_failure(self, rank: int) -> str | None:
         es = self._engine_launcher(rank)
@@ -674,8 +715,11 @@ class Cluster:
             p.platform = result["platform"]
             p.state = "ready"
 
-    async def _bring_up_engines(self, t_deadline: float, exclude: set[int]) -> None:
-        await self._launch_engines()
+    async def _bring_up_engines(
+        self, t_deadline: float, exclude: set[int], launched: bool = False
+    ) -> None:
+        if not launched:
+            await self._launch_engines()
         # On a restart the hub may still list the killed engines for a moment.
         engine_ids = await self._wait_registered(t_deadline, exclude)
         infos = await self._identify(engine_ids)
@@ -705,10 +749,12 @@ class Cluster:
             self._ipp = self._make_ipp_cluster()
             await self._ipp.start_controller()
             deadline = time.monotonic() + self.register_timeout
+            # Engines boot (Python, IPython, `import jax`) while the controller starts.
+            await self._launch_engines()
             self.client = await asyncio.wait_for(
                 self._ipp.connect_client(), timeout=self.register_timeout
             )
-            await self._bring_up_engines(deadline, exclude=set())
+            await self._bring_up_engines(deadline, exclude=set(), launched=True)
         except BaseException:
             self.kill()
             raise
@@ -724,9 +770,8 @@ class Cluster:
             es = self._engine_launcher(rank)
             if es is not None:
                 old_pids.extend(_launcher_pids(es))
-        # The nannies are spared: they tell the hub at once that their engine died, which
-        # frees the engine ids for the new processes (they exit by themselves afterwards).
         old_ids = {p.engine_id for p in self.processes}
+        old_pids.extend(p.nanny_pid for p in self.processes if p.nanny_pid)
         old_sets = set(self._engine_sets.values())
         self.state = "restarting"
         for p in self.processes:
@@ -736,6 +781,8 @@ class Cluster:
             self._ipp.engines.pop(set_id, None)
         try:
             await asyncio.to_thread(_wait_gone, old_pids, 5.0)
+            # Without this the hub frees the ids only after missed heartbeats, seconds later.
+            self._unregister(old_ids & set(self.client.ids))
             deadline = time.monotonic() + 5.0
             while old_ids & set(self.client.ids) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)

@@ -25,6 +25,15 @@ if sys.platform.startswith("linux"):
         os._exit(1)
 """
 
+# `import jax` takes 1-2 s; doing it while the engine registers with the hub takes it off
+# the critical path of cluster start-up. Python's import lock makes a later `import jax`
+# on the main thread wait for this one rather than import twice.
+_PREIMPORT_SNIPPET = """\
+if os.environ.get("JAXSYS_PREIMPORT"):
+    import threading
+    threading.Thread(target=__import__, args=(os.environ["JAXSYS_PREIMPORT"],), daemon=True).start()
+"""
+
 _HEADER = "# Written by jaxsys for one cluster; removed when the cluster stops.\n"
 
 
@@ -48,7 +57,10 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
     # Engines swallow SIGTERM once JAX is initialised, so they get SIGKILL. The controller
     # gets SIGTERM so it can reap its scheduler subprocesses, which inherit no death signal.
     (profile / "ipengine_config.py").write_text(
-        _HEADER + _PDEATHSIG_SNIPPET.format(signal="SIGKILL") + "c = get_config()  # noqa\n"
+        _HEADER
+        + _PDEATHSIG_SNIPPET.format(signal="SIGKILL")
+        + _PREIMPORT_SNIPPET
+        + "c = get_config()  # noqa\n"
     )
     (profile / "ipcontroller_config.py").write_text(
         _HEADER + _PDEATHSIG_SNIPPET.format(signal="SIGTERM") + "c = get_config()  # noqa\n"
