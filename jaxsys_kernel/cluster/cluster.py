@@ -26,9 +26,11 @@ log = logging.getLogger("jaxsys.cluster")
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 
-# ipyparallel's default heartbeat period (3 s) makes registration take ~6 s; 500 ms held
-# 4 and 8 engines registered with no spurious failures on 2 cores.
-HEARTBEAT_PERIOD_MS = 500
+# The hub completes an engine's registration only after seeing its heart for about two
+# periods: ipyparallel's default 3 s period makes start-up take 6 s. At 250 ms, with 20
+# misses allowed, an engine is still only declared dead after 5 s without a heartbeat.
+HEARTBEAT_PERIOD_MS = 250
+HEARTBEAT_MISSES = 20
 
 
 class ClusterError(RuntimeError):
@@ -191,6 +193,7 @@ class Cluster:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._engine_sets: dict[int, str] = {}
+        self._early_coordinator: str | None = None
         self._incarnation = 0
         _live_clusters.add(self)
 
@@ -471,8 +474,13 @@ class Cluster:
             "JAXSYS_NUM_PROCESSES": str(self.nprocs),
             "JAXSYS_PARENT_PID": str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
-            "JAXSYS_PREIMPORT": "jax",
+            "JAXSYS_EARLY_INIT": "1",
+            "JAXSYS_INIT_TIMEOUT": f"{self.init_timeout:g}",
         }
+        if self._early_coordinator:
+            env["JAXSYS_COORDINATOR"] = self._early_coordinator
+        if self.heartbeat_timeout is not None:
+            env["JAXSYS_HEARTBEAT_TIMEOUT"] = f"{self.heartbeat_timeout:g}"
         if self.launcher != "local":
             # Remote launchers start engines from a shell, not from this process.
             env.pop("JAXSYS_PARENT_PID")
@@ -494,7 +502,10 @@ class Cluster:
     def _make_ipp_cluster(self):
         import ipyparallel as ipp
 
-        controller_args = [f"--HeartMonitor.period={HEARTBEAT_PERIOD_MS}"]
+        controller_args = [
+            f"--HeartMonitor.period={HEARTBEAT_PERIOD_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+        ]
         kwargs: dict[str, Any] = {}
         if self.launcher == "local":
             kwargs["controller_ip"] = "127.0.0.1"
@@ -520,6 +531,11 @@ class Cluster:
     async def _launch_engines(self) -> None:
         ipp_cluster = self._ipp
         self._incarnation += 1
+        # Local engines learn the coordinator at launch and join while they register; remote
+        # ones learn it afterwards, from rank 0's host.
+        self._early_coordinator = (
+            f"127.0.0.1:{_free_local_port()}" if self.launcher == "local" else None
+        )
         tag = f"i{self._incarnation}"
         if self.launcher in ("local", "ssh"):
             for rank in self.ranks:
@@ -649,10 +665,8 @@ class Cluster:
     async def _init_jax(self, deadline_s: float) -> None:
         n = self.nprocs
         p0 = self.processes[0]
-        if self.launcher == "local":
-            port = _free_local_port()
-            self.coordinator_address = f"127.0.0.1:{port}"
-            bind = self.coordinator_address
+        if self._early_coordinator:
+            self.coordinator_address = bind = self._early_coordinator
         else:
             port = self.client[p0.engine_id].apply_sync(bootstrap.free_port)
             self.coordinator_address = f"{p0.address}:{port}"

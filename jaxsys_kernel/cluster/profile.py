@@ -25,13 +25,15 @@ if sys.platform.startswith("linux"):
         os._exit(1)
 """
 
-# `import jax` takes 1-2 s; doing it while the engine registers with the hub takes it off
-# the critical path of cluster start-up. Python's import lock makes a later `import jax`
-# on the main thread wait for this one rather than import twice.
-_PREIMPORT_SNIPPET = """\
-if os.environ.get("JAXSYS_PREIMPORT"):
-    import threading
-    threading.Thread(target=__import__, args=(os.environ["JAXSYS_PREIMPORT"],), daemon=True).start()
+# `import jax` and `jax.distributed.initialize` take 1-3 s; starting them while the engine
+# registers with the hub takes them off the critical path of cluster start-up.
+_EARLY_INIT_SNIPPET = """\
+if os.environ.get("JAXSYS_EARLY_INIT"):
+    try:
+        from jaxsys_kernel.engine.bootstrap import start_early_init
+        start_early_init()
+    except ImportError:
+        pass
 """
 
 _HEADER = "# Written by jaxsys for one cluster; removed when the cluster stops.\n"
@@ -59,7 +61,7 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
     (profile / "ipengine_config.py").write_text(
         _HEADER
         + _PDEATHSIG_SNIPPET.format(signal="SIGKILL")
-        + _PREIMPORT_SNIPPET
+        + _EARLY_INIT_SNIPPET
         + "c = get_config()  # noqa\n"
     )
     (profile / "ipcontroller_config.py").write_text(

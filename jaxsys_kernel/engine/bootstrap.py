@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 # Launchers put the rank in different variables; ours comes first because it is the one
@@ -96,6 +97,59 @@ def free_port(bind: str = "") -> int:
         return s.getsockname()[1]
 
 
+class _EarlyInit:
+    """JAX start-up begun by the engine itself, in a thread, before it registered."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.coordinator: str | None = None
+        self.result: dict | None = None
+        self.error: BaseException | None = None
+
+
+_early: _EarlyInit | None = None
+
+
+def start_early_init() -> None:
+    """Begin ``import jax`` and, if the launcher gave the world's shape, initialisation.
+
+    Called from the engine's config file while the engine registers with the hub, so that
+    the slowest part of start-up overlaps with it. The environment carries the rank
+    (``JAXSYS_PROCESS_ID``), ``JAXSYS_NUM_PROCESSES``, ``JAXSYS_COORDINATOR`` and
+    ``JAXSYS_INIT_TIMEOUT``; without a coordinator only the import happens.
+    """
+    global _early
+    if _early is not None:
+        return
+    early = _early = _EarlyInit()
+    env = os.environ
+    coordinator = early.coordinator = env.get("JAXSYS_COORDINATOR")
+
+    def run():
+        try:
+            import jax  # noqa: F401 - the import is the point
+
+            if coordinator:
+                early.result = _join(
+                    coordinator,
+                    int(env["JAXSYS_NUM_PROCESSES"]),
+                    process_rank(),
+                    bind_address=coordinator,
+                    timeout=float(env.get("JAXSYS_INIT_TIMEOUT", "60")),
+                    heartbeat_timeout=(
+                        float(env["JAXSYS_HEARTBEAT_TIMEOUT"])
+                        if env.get("JAXSYS_HEARTBEAT_TIMEOUT")
+                        else None
+                    ),
+                )
+        except BaseException as e:  # noqa: BLE001 - handed to the kernel by initialize()
+            early.error = e
+        finally:
+            early.done.set()
+
+    threading.Thread(target=run, name="jaxsys-early-init", daemon=True).start()
+
+
 def initialize(
     coordinator_address: str,
     num_processes: int,
@@ -131,6 +185,35 @@ def initialize(
     rank = process_rank()
     if rank != process_id:
         raise RuntimeError(f"asked to join as process {process_id} but this engine has rank {rank}")
+    early = _early
+    if early is not None and early.coordinator == coordinator_address:
+        if not early.done.wait(timeout):
+            raise TimeoutError(f"process {rank} did not join within {timeout:g} s")
+        if early.error is not None:
+            raise early.error
+        return early.result
+    if early is not None:
+        # Let a running import finish instead of racing it.
+        early.done.wait(timeout)
+    return _join(
+        coordinator_address,
+        num_processes,
+        process_id,
+        bind_address=bind_address,
+        timeout=timeout,
+        heartbeat_timeout=heartbeat_timeout,
+    )
+
+
+def _join(
+    coordinator_address: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    bind_address: str | None,
+    timeout: float,
+    heartbeat_timeout: float | None,
+) -> dict:
     t0 = time.perf_counter()
     import jax
 
