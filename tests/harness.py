@@ -71,7 +71,7 @@ class CellOutput:
 class Kernel:
     """A jaxsys kernel started through jupyter_client, with a tagged environment."""
 
-    def __init__(self, tag: str, extra_env=None):
+    def __init__(self, tag: str, extra_env=None, spec_env=None):
         # The kernelspec's own env (JAXSYS_HOSTS=4, ...) takes precedence over this one,
         # so tests pass cluster sizes to %jaxsys start explicitly.
         self.tag = tag
@@ -79,6 +79,9 @@ class Kernel:
         env[TAG_VAR] = tag
         env.update(extra_env or {})
         self.km = KernelManager(kernel_name="jaxsys")
+        if spec_env:
+            # What a user's kernelspec would say, e.g. JAXSYS_HOSTS.
+            self.km.kernel_spec.env.update(spec_env)
         self.km.start_kernel(env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
