@@ -87,7 +87,9 @@ def test_stop_magic_leaves_nothing(fresh_tag):
 def test_first_multihost_cell_starts_the_default_cluster(fresh_tag):
     k = Kernel(fresh_tag, spec_env={"JAXSYS_HOSTS": "2", "JAXSYS_DEVICES_PER_HOST": "1"})
     try:
-        out = k.execute("%%multihost\nimport jax\nprint(jax.process_count(), jax.device_count())", timeout=120)
+        out = k.execute(
+            "%%multihost\nimport jax\nprint(jax.process_count(), jax.device_count())", timeout=120
+        )
         assert out.status == "ok", out.stderr
         assert out.stdout == "[p0-1] 2 2\n"
         assert "engines registered 2/2" in out.stderr and "processes initialised 2/2" in out.stderr

@@ -52,7 +52,9 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
     pathlib.Path
         The new profile directory (mode 0700).
     """
-    profile = Path(tempfile.mkdtemp(prefix="jaxsys-profile-", dir=base))
+    remove_stale_profiles(base)
+    # The owner's pid in the name lets a later start find profiles whose owner was killed.
+    profile = Path(tempfile.mkdtemp(prefix=f"jaxsys-profile-{os.getpid()}-", dir=base))
     os.chmod(profile, 0o700)
     for sub in ("security", "log", "startup", "pid"):
         (profile / sub).mkdir()
@@ -79,3 +81,34 @@ def remove_profile(profile: str | os.PathLike) -> None:
         The directory to remove; a missing directory is not an error.
     """
     shutil.rmtree(profile, ignore_errors=True)
+
+
+def remove_stale_profiles(base: str | os.PathLike | None = None) -> list[Path]:
+    """Delete profiles left by owners that died without cleaning up (e.g. SIGKILL).
+
+    They hold the cluster's connection keys, so they should not linger.
+
+    Parameters
+    ----------
+    base : path-like, optional
+        Directory holding the profiles; the system temp directory by default.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The directories removed.
+    """
+    removed = []
+    root = Path(base or tempfile.gettempdir())
+    for path in root.glob("jaxsys-profile-*-*"):
+        owner = path.name.split("-")[2]
+        if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:
+            pass
+    return removed
