@@ -204,10 +204,22 @@ def test_inspection_from_process_zero(kernel):
 
 def test_status_lists_every_process(kernel):
     out = kernel.ok("%jaxsys status")
-    lines = out.stdout.strip().splitlines()
+    *lines, security = out.stdout.strip().splitlines()
     assert lines[0].split() == ["process", "engine", "pid", "host", "devices", "state"]
     assert [ln.split()[0] for ln in lines[1:]] == ["0", "1"]
+    assert [ln.split()[1] for ln in lines[1:]] == ["0", "1"]  # engine i is process i
     assert all(ln.split()[-1] == "ready" for ln in lines[1:])
+    assert security.startswith("security: mTLS on the coordination service")
+
+
+def test_security_audit_lists_every_endpoint(kernel):
+    out = kernel.ok("%jaxsys security")
+    text = out.stdout
+    assert "JAX coordination service" in text and "mTLS" in text
+    assert "ipyparallel registration" in text and "CurveZMQ" in text
+    assert "JAX data plane (gloo collectives)" in text or "gloo" in text
+    assert "Jupyter kernel channels" in text
+    assert "with no protection" in text  # gloo stays plaintext and is said so
 
 
 @pytest.mark.parametrize("magic", ["%multihost", "%jaxsys", "%pull", "%%local"])

@@ -10,6 +10,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -130,6 +131,22 @@ class Cluster:
     progress : callable, optional
         Called with a :class:`ProgressEvent` for every step of a long wait, on the thread
         that called the method. Defaults to a progress bar on stderr.
+    secure : bool
+        Mutual TLS for JAX's coordination service (certificates from a per-cluster CA, with
+        ``verify_secure_credentials`` so a misconfiguration fails loudly) and CurveZMQ for
+        ipyparallel's control channel. On by default.
+    ca_file, cert_dir : str, optional
+        Bring your own CA: ``cert_dir`` holds ``process-<i>.pem`` and ``process-<i>.key``
+        for every process, signed by ``ca_file``.
+    addresses : sequence of str, optional
+        Local launcher only: the network address of each process's host (loopback by
+        default). Process 0's address carries the coordination service, and each address
+        goes into that process's certificate.
+    controller_ip : str, optional
+        Where the ipyparallel controller listens (loopback for local clusters).
+    process_prefix : mapping of int to sequence of str, optional
+        Local launcher only: a command prefix per process, e.g.
+        ``["ip", "netns", "exec", "ns0"]`` or ``["taskset", "-c", "0"]``.
 
     Examples
     --------
@@ -151,6 +168,12 @@ class Cluster:
         process_env: Mapping[int, Mapping[str, str]] | None = None,
         heartbeat_timeout: float | None = None,
         progress: Callable[[ProgressEvent], None] | None = None,
+        secure: bool = True,
+        ca_file: str | None = None,
+        cert_dir: str | None = None,
+        addresses: Sequence[str] | None = None,
+        controller_ip: str | None = None,
+        process_prefix: Mapping[int, Sequence[str]] | None = None,
     ):
         if launcher not in LAUNCHERS:
             raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
@@ -179,6 +202,21 @@ class Cluster:
             if not 0 <= rank < self.nprocs:
                 raise ValueError(f"process_env names process {rank}, outside 0-{self.nprocs - 1}")
         self.heartbeat_timeout = heartbeat_timeout
+        if (ca_file is None) != (cert_dir is None):
+            raise ValueError("give both ca_file and cert_dir to bring your own certificates")
+        if not secure and ca_file is not None:
+            raise ValueError("ca_file/cert_dir make no sense with secure=False")
+        if (addresses is not None or process_prefix) and launcher != "local":
+            raise ValueError("addresses and process_prefix apply to the local launcher only")
+        if addresses is not None and len(addresses) != self.nprocs:
+            raise ValueError(f"addresses has {len(addresses)} entries for {self.nprocs} processes")
+        self.addresses = list(addresses) if addresses is not None else ["127.0.0.1"] * self.nprocs
+        self.controller_ip = controller_ip
+        self.process_prefix = {int(k): list(v) for k, v in (process_prefix or {}).items()}
+        self.secure = secure
+        self.ca_file = ca_file
+        self.cert_dir = cert_dir
+        self.pki = None
         self._progress_cb = progress
         self._progress_q: queue.SimpleQueue[ProgressEvent] = queue.SimpleQueue()
 
@@ -437,6 +475,7 @@ class Cluster:
             self._profile = None
         for p in self.processes:
             p.state = "dead"
+        self.pki = None
         self.state = "stopped"
         return time.perf_counter() - t0
 
@@ -495,6 +534,8 @@ class Cluster:
             env.setdefault("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", "cpu"))
         if self.cache_dir:
             env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(self.cache_dir)
+        if self.pki is not None:
+            env.update(self.pki.env(rank))
         env.update(self.env)
         env.update(self.process_env.get(rank, {}))
         return env
@@ -506,12 +547,15 @@ class Cluster:
             f"--HeartMonitor.period={HEARTBEAT_PERIOD_MS}",
             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
         ]
+        if self.secure:
+            # Engines and the client pick up the server key from the connection files.
+            controller_args.append("--IPController.enable_curve=True")
         kwargs: dict[str, Any] = {}
         if self.launcher == "local":
-            kwargs["controller_ip"] = "127.0.0.1"
+            kwargs["controller_ip"] = self.controller_ip or "127.0.0.1"
         else:
             # Remote engines must reach the controller; see docs/architecture.md.
-            kwargs["controller_ip"] = "*"
+            kwargs["controller_ip"] = self.controller_ip or "*"
             kwargs["engine_launcher_class"] = self.launcher
         cluster = ipp.Cluster(
             profile_dir=str(self._profile),
@@ -534,7 +578,7 @@ class Cluster:
         # Local engines learn the coordinator at launch and join while they register; remote
         # ones learn it afterwards, from rank 0's host.
         self._early_coordinator = (
-            f"127.0.0.1:{_free_local_port()}" if self.launcher == "local" else None
+            f"{self.addresses[0]}:{_free_local_port()}" if self.launcher == "local" else None
         )
         tag = f"i{self._incarnation}"
         if self.launcher in ("local", "ssh"):
@@ -552,6 +596,13 @@ class Cluster:
                 }
                 if self.launcher == "ssh":
                     kwargs["engines"] = {self.host_names[rank]: 1}
+                elif rank in self.process_prefix:
+                    kwargs["engine_cmd"] = [
+                        *self.process_prefix[rank],
+                        sys.executable,
+                        "-m",
+                        "ipyparallel.engine",
+                    ]
                 await ipp_cluster.start_engines(n=1, engine_set_id=set_id, **kwargs)
                 self._engine_sets[rank] = set_id
         else:
@@ -561,6 +612,43 @@ class Cluster:
             set_id = f"all-{tag}"
             await ipp_cluster.start_engines(n=self.nprocs, engine_set_id=set_id, environment=env)
             self._engine_sets = dict.fromkeys(self.ranks, set_id)
+
+    def _make_pki(self):
+        from .pki import ClusterPKI
+
+        cluster_id = self._ipp.cluster_id
+        if self.ca_file is not None:
+            return ClusterPKI.from_user(self.ca_file, self.cert_dir, cluster_id, self.nprocs)
+        hosts = self.addresses if self.launcher == "local" else self.host_names
+        return ClusterPKI.create(self._profile / "pki", cluster_id, self.nprocs, hosts)
+
+    def rotate_certs(self) -> list[int]:
+        """Issue new certificates for every process in place, signed by the same CA.
+
+        JAX re-reads certificate files periodically (every 10 minutes in 0.12), so running
+        processes switch to the new ones without a restart.
+
+        Returns
+        -------
+        list of int
+            The serial numbers of the new certificates, by process.
+        """
+        self._require_ready()
+        if self.pki is None:
+            raise ClusterError(
+                "this cluster runs without mTLS; there are no certificates to rotate"
+            )
+        return self.pki.rotate()
+
+    @property
+    def security(self) -> str:
+        """One line saying how the cluster's links are protected."""
+        if not self.secure:
+            return (
+                "INSECURE: no mTLS on the coordination service, no CurveZMQ on the control channel"
+            )
+        origin = "your CA" if self.ca_file else "a per-cluster CA"
+        return f"mTLS on the coordination service ({origin}), CurveZMQ on the control channel"
 
     def _nanny_args(self) -> list[str]:
         # The nanny relays signals to remote engines. Local engines are signalled directly,
@@ -584,10 +672,17 @@ class Cluster:
             info = json.loads(path.read_text())
         except (OSError, ValueError):
             return
+        from ipyparallel import util
+
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.linger = 1000
         try:
-            sock.connect(f"{info['interface']}:{info['registration']}")
+            serverkey = info.get("curve_serverkey")
+            util.connect(
+                sock,
+                f"{info['interface']}:{info['registration']}",
+                curve_serverkey=serverkey.encode("ascii") if serverkey else None,
+            )
             for eid in sorted(engine_ids):
                 self.client.session.send(sock, "unregistration_request", content={"id": eid})
         finally:
@@ -619,11 +714,18 @@ class Cluster:
             return f"the ipyparallel controller exited early; its output ends with:\n{_tail(out)}"
         return None
 
-    async def _wait_registered(self, deadline: float, exclude: set[int]) -> list[int]:
+    def _engine_uuids(self) -> set[str]:
+        return set(self.client._engines.values())
+
+    async def _wait_registered(self, deadline: float, exclude: set[str]) -> list[int]:
+        """Wait for ``nprocs`` engines whose uuids are not in ``exclude``; return their ids."""
         n = self.nprocs
         last = -1
         while True:
-            new = sorted(set(self.client.ids) - exclude)
+            # A restarted rank may get its old engine id back; only the uuid is new.
+            new = sorted(
+                eid for eid, uuid in dict(self.client._engines).items() if uuid not in exclude
+            )
             k = len(new)
             if k != last:
                 self._report("engines registered", min(k, n), n)
@@ -730,7 +832,7 @@ class Cluster:
             p.state = "ready"
 
     async def _bring_up_engines(
-        self, t_deadline: float, exclude: set[int], launched: bool = False
+        self, t_deadline: float, exclude: set[str], launched: bool = False
     ) -> None:
         if not launched:
             await self._launch_engines()
@@ -761,6 +863,8 @@ class Cluster:
         try:
             self._profile = make_profile()
             self._ipp = self._make_ipp_cluster()
+            if self.secure:
+                self.pki = self._make_pki()
             await self._ipp.start_controller()
             deadline = time.monotonic() + self.register_timeout
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
@@ -785,6 +889,7 @@ class Cluster:
             if es is not None:
                 old_pids.extend(_launcher_pids(es))
         old_ids = {p.engine_id for p in self.processes}
+        old_uuids = self._engine_uuids()
         old_pids.extend(p.nanny_pid for p in self.processes if p.nanny_pid)
         old_sets = set(self._engine_sets.values())
         self.state = "restarting"
@@ -800,10 +905,8 @@ class Cluster:
             deadline = time.monotonic() + 5.0
             while old_ids & set(self.client.ids) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-            # Engines the hub still lists after that are excluded (the new ones then get
-            # other ids; ranks still come from the environment).
             await self._bring_up_engines(
-                time.monotonic() + self.register_timeout, exclude=set(self.client.ids)
+                time.monotonic() + self.register_timeout, exclude=old_uuids
             )
         except BaseException:
             self.kill()

@@ -88,3 +88,38 @@ def inspect(code: str, cursor_pos: int, detail_level: int = 0) -> dict:
 
     kernel = get_ipython().kernel
     return dict(kernel.do_inspect(code, cursor_pos, detail_level))
+
+
+def network_endpoints() -> dict:
+    """What this JAX process listens on, and the JAX settings that open sockets.
+
+    Returns
+    -------
+    dict
+        ``listening``: ``[host, port]`` pairs of this process's listening TCP sockets;
+        ``cross_host_transfer``: the configured transfer socket address (or "");
+        ``profiler``: whether ``jax.profiler.start_server`` was called.
+    """
+    import sys
+
+    import psutil
+
+    listening = sorted(
+        {
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+    )
+    transfer, profiler = "", False
+    if "jax" in sys.modules:
+        import jax
+
+        transfer = getattr(jax.config, "jax_cross_host_transfer_socket_address", "") or ""
+        prof = sys.modules.get("jax._src.profiler")
+        profiler = getattr(prof, "_profiler_server", None) is not None
+    return {
+        "listening": [list(x) for x in listening],
+        "cross_host_transfer": transfer,
+        "profiler": profiler,
+    }

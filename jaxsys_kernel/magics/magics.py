@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .._ranges import format_procs
 from .session import MultihostSession
 
-JAXSYS_ACTIONS = ("start", "stop", "restart", "status", "inspect")
+JAXSYS_ACTIONS = ("start", "stop", "restart", "status", "security", "rotate-certs", "inspect")
 
 
 def _positive_float(text: str) -> float:
@@ -69,6 +69,11 @@ class JaxSysMagics(Magics):
         default=60.0,
         help="seconds allowed for jax.distributed.initialize",
     )
+    @argument("--insecure", action="store_true", help="no mTLS, no CurveZMQ (not recommended)")
+    @argument("--ca-file", default=None, help="your own CA certificate (PEM), with --cert-dir")
+    @argument(
+        "--cert-dir", default=None, help="directory with process-<i>.pem/.key signed by --ca-file"
+    )
     @argument("--detail", type=int, default=0, help="for inspect: 1 shows the source, like ??")
     @line_magic
     def jaxsys(self, line: str = ""):
@@ -77,6 +82,11 @@ class JaxSysMagics(Magics):
         ``start`` launches one ipyparallel engine per host and initialises
         ``jax.distributed`` on all of them (process i is engine i). Options left out come
         from ``$JAXSYS_HOSTS`` and ``$JAXSYS_DEVICES_PER_HOST`` (defaults 4 and 2).
+        Clusters are secure by default: mutual TLS on JAX's coordination service with
+        certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
+        ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure``
+        turns both off. ``security`` lists every network endpoint with what protects it,
+        and ``rotate-certs`` issues new certificates in place.
         ``restart`` replaces every process and re-initialises JAX (the way to recover
         from a hang or a broken collective on CPU). ``status`` lists process, engine, pid,
         host, devices and state. ``stop`` kills every process of the cluster.
@@ -87,6 +97,7 @@ class JaxSysMagics(Magics):
 
             %jaxsys start --hosts 4 --devices-per-host 2
             %jaxsys status
+            %jaxsys security
             %jaxsys restart
             %jaxsys stop
         """
@@ -107,6 +118,9 @@ class JaxSysMagics(Magics):
                 launcher=args.launcher,
                 cache_dir=args.cache_dir,
                 init_timeout=args.init_timeout,
+                secure=not args.insecure,
+                ca_file=args.ca_file,
+                cert_dir=args.cert_dir,
             )
         elif args.action == "stop":
             took = s.stop()
@@ -123,6 +137,20 @@ class JaxSysMagics(Magics):
             )
         elif args.action == "status":
             print(format_status(s.status_rows()))
+            print(f"security: {s.cluster.security}")
+        elif args.action == "security":
+            from ..cluster.audit import audit, format_audit
+
+            print(f"security: {s.require_cluster().security}")
+            print(format_audit(audit(s.cluster)))
+        elif args.action == "rotate-certs":
+            serials = s.rotate_certs()
+            print(
+                "jaxsys: new certificates written for "
+                + ", ".join(f"p{r} (serial {hex(x)[:12]})" for r, x in enumerate(serials))
+                + ".\nJAX re-reads them about every 10 minutes; %jaxsys security shows which "
+                "certificate the coordination service presents."
+            )
         elif args.action == "inspect":
             if not args.name:
                 raise UsageError("%jaxsys inspect needs a name, e.g. %jaxsys inspect jnp.sum")

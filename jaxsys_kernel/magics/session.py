@@ -97,7 +97,8 @@ class MultihostSession:
         cluster.start_sync()
         print(
             f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
-            f"{cluster.ready_seconds:.1f} s (coordinator {cluster.coordinator_address})",
+            f"{cluster.ready_seconds:.1f} s (coordinator {cluster.coordinator_address})\n"
+            f"security: {cluster.security}",
             file=sys.stderr,
         )
         return cluster
@@ -124,6 +125,16 @@ class MultihostSession:
         """Restart the whole JAX world. Returns the seconds until it was ready again."""
         cluster = self.require_cluster()
         return cluster.restart_sync()
+
+    def rotate_certs(self) -> list[int]:
+        """Issue new certificates to every process; returns their serial numbers."""
+        from ..cluster import ClusterError
+
+        cluster = self.require_cluster()
+        try:
+            return cluster.rotate_certs()
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
 
     def shutdown(self) -> None:
         """Kill everything at once; used when the kernel shuts down."""

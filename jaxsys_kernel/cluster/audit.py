@@ -1,0 +1,225 @@
+"""Audit of every network endpoint a cluster uses, and what protects it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .._ranges import format_procs
+
+ADVICE_PLAINTEXT_DATA = (
+    "JAX offers no protection here: keep these hosts on a private, trusted network "
+    "(or a VPN / encrypted overlay between hosts)"
+)
+
+
+@dataclass
+class Endpoint:
+    """One network endpoint of the cluster.
+
+    Attributes
+    ----------
+    name : str
+        What it is, e.g. ``coordination service``.
+    address : str
+        Where it listens (``host:port``; ports may be several).
+    owner : str
+        Which process listens (``kernel``, ``controller``, ``p0``...).
+    protection : str
+        ``mTLS``, ``CurveZMQ``, ``HMAC`` (signed, not encrypted), ``token`` or ``nothing``.
+    advice : str
+        What to do about it, for the unprotected ones.
+    """
+
+    name: str
+    address: str
+    owner: str
+    protection: str
+    advice: str = ""
+
+    def to_dict(self) -> dict:
+        """The fields as a plain dict."""
+        return asdict(self)
+
+
+def _ipp_endpoints(cluster) -> list[Endpoint]:
+    ipp = cluster._ipp
+    path = Path(ipp.profile_dir) / "security" / f"ipcontroller-{ipp.cluster_id}-engine.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    host = info["interface"].removeprefix("tcp://")
+    ports = {
+        k: info[k]
+        for k in ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong")
+    }
+    ports["broadcast"] = ",".join(map(str, info.get("broadcast", [])))
+    curve = bool(info.get("curve_serverkey"))
+    protection = (
+        "CurveZMQ"
+        if curve
+        else f"HMAC ({info.get('signature_scheme', 'hmac-sha256')}; not encrypted)"
+    )
+    advice = "" if curve else "start with security on (the default) to encrypt with CurveZMQ"
+    if host in ("127.0.0.1", "localhost"):
+        advice = advice or "loopback only"
+    return [
+        Endpoint(f"ipyparallel {name}", f"{host}:{port}", "controller", protection, advice)
+        for name, port in ports.items()
+    ]
+
+
+def _kernel_endpoint() -> list[Endpoint]:
+    try:
+        from ipykernel.connect import get_connection_file
+
+        info = json.loads(Path(get_connection_file()).read_text())
+    except Exception:  # noqa: BLE001 - outside a kernel there is no kernel endpoint
+        return []
+    ports = ",".join(
+        str(info[k])
+        for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+        if k in info
+    )
+    curve = bool(info.get("curve_serverkey") or info.get("curve_publickey"))
+    protection = (
+        "CurveZMQ" if curve else f"HMAC ({info.get('signature_scheme', '')}; not encrypted)"
+    )
+    advice = (
+        ""
+        if curve
+        else "kernel traffic is signed, not encrypted: keep it on loopback or use transport_encryption"
+    )
+    return [
+        Endpoint(
+            "Jupyter kernel channels", f"{info.get('ip')}:{ports}", "kernel", protection, advice
+        )
+    ]
+
+
+def _server_endpoints() -> list[Endpoint]:
+    try:
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:
+        return []
+    out = []
+    for server in list_running_servers():
+        url = server.get("url", "")
+        secure = url.startswith("https")
+        out.append(
+            Endpoint(
+                "Jupyter server",
+                url.split("://", 1)[-1].rstrip("/"),
+                f"pid {server.get('pid')}",
+                "token over HTTPS" if secure else "token (HTTP, not encrypted)",
+                "" if secure else "serve over HTTPS or keep it on loopback",
+            )
+        )
+    return out
+
+
+def audit(cluster) -> list[Endpoint]:
+    """Every endpoint of a running cluster with its protection, as measured now.
+
+    Asks every JAX process which TCP ports it listens on; ports that are neither the
+    coordination service nor a known ipyparallel socket are JAX's data plane (gloo
+    collectives, transfer servers), which JAX does not protect.
+
+    Parameters
+    ----------
+    cluster : jaxsys_kernel.Cluster
+        A ready cluster.
+
+    Returns
+    -------
+    list of Endpoint
+    """
+    from ..engine import probes
+
+    cluster._require_ready()
+    out: list[Endpoint] = []
+    coord = cluster.coordinator_address or ""
+    if cluster.pki is not None:
+        out.append(
+            Endpoint(
+                "JAX coordination service",
+                coord,
+                "p0",
+                "mTLS",
+                f"peers must present a certificate from the cluster CA with a URI under {cluster.pki.peer_uri_prefix}",
+            )
+        )
+    else:
+        out.append(
+            Endpoint(
+                "JAX coordination service",
+                coord,
+                "p0",
+                "nothing",
+                "anyone who reaches it can join or disrupt the cluster: restart with security on",
+            )
+        )
+    out.extend(_ipp_endpoints(cluster))
+    reports = cluster.view.apply_sync(probes.network_endpoints)
+    coord_port = int(coord.rsplit(":", 1)[1]) if ":" in coord else None
+    data_plane: dict[str, list[int]] = {}
+    for rank, rep in zip(cluster.ranks, reports, strict=True):
+        for host, port in rep["listening"]:
+            if rank == 0 and port == coord_port:
+                continue
+            data_plane.setdefault(f"{host}:{port}", []).append(rank)
+        if rep["cross_host_transfer"]:
+            out.append(
+                Endpoint(
+                    "JAX cross-host transfers",
+                    rep["cross_host_transfer"],
+                    format_procs([rank]),
+                    "nothing",
+                    ADVICE_PLAINTEXT_DATA,
+                )
+            )
+        if rep["profiler"]:
+            out.append(
+                Endpoint(
+                    "JAX profiler server",
+                    "(see listening ports)",
+                    format_procs([rank]),
+                    "nothing",
+                    "stop it when done (jax.profiler.stop_server); anyone who reaches it can trace",
+                )
+            )
+    for address, ranks in sorted(data_plane.items()):
+        out.append(
+            Endpoint(
+                "JAX data plane (gloo collectives)",
+                address,
+                format_procs(ranks),
+                "nothing",
+                ADVICE_PLAINTEXT_DATA,
+            )
+        )
+    out.extend(_kernel_endpoint())
+    out.extend(_server_endpoints())
+    return out
+
+
+def format_audit(endpoints: list[Endpoint]) -> str:
+    """Render the audit as an aligned text table."""
+    header = ["endpoint", "address", "owner", "protected by", "advice"]
+    rows = [[e.name, e.address, e.owner, e.protection, e.advice] for e in endpoints]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    lines = []
+    for r in [header, *rows]:
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        )
+    return "\n".join(line.rstrip() for line in lines) + "\n" + _footer(endpoints)
+
+
+def _footer(endpoints: list[Endpoint]) -> str:
+    bare = [e for e in endpoints if e.protection == "nothing"]
+    if not bare:
+        return "every endpoint is protected"
+    return f"{len(bare)} endpoint(s) with no protection: see the advice column and docs/security.md"

@@ -1,0 +1,861 @@
+"""Certificates for mutual TLS on JAX's coordination service, one small PKI per cluster.
+
+JAX 0.12 can protect the gRPC channel between ``jax.distributed`` clients and the
+coordinator (process 0) with mutual TLS. Each process then needs a certificate, its key and
+the CA bundle to trust. :class:`ClusterPKI` makes all of these for one cluster: a private CA
+whose key never leaves the kernel's directory, plus one leaf per process whose URI SAN is
+``spiffe://jaxsys.local/<cluster_id>/process/<i>``. The environment from
+:meth:`ClusterPKI.env` makes a JAX process use them and refuse to run without TLS.
+
+What this protects: cluster bring-up, heartbeats, barriers and the key/value store. It does
+not protect the data plane (gloo collectives, cross-host transfers), which JAX sends in
+clear text.
+
+This module must not import JAX: the kernel process imports it, and the kernel never
+imports JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import ipaddress
+import os
+import re
+import secrets
+import socket
+import ssl
+import stat
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = [
+    "TRUST_DOMAIN",
+    "ClusterPKI",
+    "PKIError",
+    "ProcessCredentials",
+    "peer_certificate_serial",
+]
+
+TRUST_DOMAIN = "jaxsys.local"
+
+CA_CERT_NAME = "ca.pem"
+CA_KEY_NAME = "ca.key"
+
+# Certificates may be issued slightly in the past so that a peer whose clock runs a little
+# behind does not reject them as "not yet valid".
+_BACKDATE = _dt.timedelta(minutes=5)
+
+# The id becomes one path segment of the SPIFFE URI; a "/" in it would let one cluster's
+# prefix match another cluster's certificates.
+_CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+_PROCESS_URI_RE = re.compile(r"^(?P<prefix>.+/)process/(?P<index>[0-9]+)$")
+
+_DEFAULT_HOST = ("127.0.0.1", "localhost")
+
+
+class PKIError(RuntimeError):
+    """Certificates or key files are missing, unreadable, insecure or inconsistent."""
+
+
+@dataclass
+class ProcessCredentials:
+    """The files one JAX process needs for mutual TLS.
+
+    Attributes
+    ----------
+    cert_file : str
+        PEM certificate of the process.
+    key_file : str
+        PEM (PKCS8) private key for ``cert_file``.
+    ca_file : str
+        PEM bundle of the CA certificate(s) that peers must chain to.
+    uri : str
+        The SPIFFE URI SAN in ``cert_file`` that identifies the process.
+    """
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    uri: str
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC)
+
+
+def _cert_name(i: int) -> str:
+    return f"process-{i}.pem"
+
+
+def _key_name(i: int) -> str:
+    return f"process-{i}.key"
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old or the new file."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    # The mode is set at creation, so a key is never readable by others even for a moment.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # The umask may have taken bits away that a certificate is meant to have.
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _spki(public_key) -> bytes:
+    return public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _check_cluster_id(cluster_id: str) -> None:
+    if not isinstance(cluster_id, str) or not _CLUSTER_ID_RE.fullmatch(cluster_id):
+        raise ValueError(
+            f"cluster_id must be 1-128 characters from [A-Za-z0-9._-] starting with a letter "
+            f"or digit, got {cluster_id!r}"
+        )
+
+
+def _check_nprocs(nprocs: int) -> None:
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+        raise ValueError(f"nprocs must be a positive integer, got {nprocs!r}")
+
+
+def _host_sans(host: str | Iterable[str]) -> list[x509.GeneralName]:
+    """SAN entries for one process's host: IP literals as IPAddress, others as DNSName."""
+    names = [host] if isinstance(host, str) else list(host)
+    if not names:
+        raise ValueError("each entry of hosts must name at least one host")
+    sans: list[x509.GeneralName] = []
+    for name in names:
+        if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
+            raise ValueError(f"not a host name or IP address: {name!r}")
+        # "[::1]" is how IPv6 addresses appear in host:port strings.
+        literal = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(literal)))
+        except ValueError:
+            try:
+                sans.append(x509.DNSName(name))
+            except ValueError as e:
+                raise ValueError(f"not a usable DNS name for a certificate: {name!r}: {e}") from e
+    return sans
+
+
+def _secure_directory(directory: Path, *, create: bool) -> None:
+    """Make sure ``directory`` is a 0700 directory owned by us (creating it if asked)."""
+    if create:
+        try:
+            directory.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            pass
+        else:
+            # mkdir's mode is filtered by the umask; pin it to exactly 0700.
+            os.chmod(directory, 0o700)
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        raise PKIError(f"PKI directory {directory} does not exist") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise PKIError(f"PKI path {directory} exists but is not a directory")
+    if st.st_uid != os.geteuid():
+        raise PKIError(
+            f"PKI directory {directory} is owned by uid {st.st_uid}, not by this user "
+            f"(uid {os.geteuid()}); refusing to keep private keys there"
+        )
+    if st.st_mode & 0o077:
+        raise PKIError(
+            f"PKI directory {directory} is accessible by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); it must be mode 0700. Use a new "
+            f"directory, or run `chmod 700 {directory}` if its contents can be trusted"
+        )
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    """Read ``path``, turning any failure into a PKIError that says what was expected."""
+    if not path.exists():
+        raise PKIError(f"missing {what}: {path} does not exist")
+    if not path.is_file():
+        raise PKIError(f"{what} {path} is not a regular file")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise PKIError(f"cannot read {what} {path}: {e.strerror or e}") from e
+
+
+def _load_ca_bundle(path: Path) -> list[x509.Certificate]:
+    data = _read_file(path, "CA certificate bundle (PEM)")
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as e:
+        raise PKIError(f"CA file {path} holds no readable PEM certificate: {e}") from e
+    return certs
+
+
+def _load_cert(path: Path, what: str) -> x509.Certificate:
+    data = _read_file(path, what)
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError as e:
+        raise PKIError(f"{what} {path} is not a PEM certificate: {e}") from e
+
+
+def _load_key(path: Path, what: str):
+    data = _read_file(path, what)
+    try:
+        return serialization.load_pem_private_key(data, password=None)
+    except TypeError as e:
+        # gRPC cannot be given a passphrase, so an encrypted key is unusable for JAX.
+        raise PKIError(f"{what} {path} is encrypted; JAX needs an unencrypted key") from e
+    except ValueError as e:
+        raise PKIError(f"{what} {path} is not a PEM private key: {e}") from e
+
+
+def _uris(cert: x509.Certificate) -> list[str]:
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return ext.value.get_values_for_type(x509.UniformResourceIdentifier)
+
+
+def _issued_by(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
+
+
+def _eku(cert: x509.Certificate) -> set | None:
+    try:
+        return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        return None
+
+
+def _check_leaves(
+    cas: Sequence[x509.Certificate],
+    ca_file: Path,
+    cert_dir: Path,
+    nprocs: int,
+    *,
+    expected_prefix: str | None,
+    check_validity: bool,
+) -> str:
+    """Validate every process's certificate and key; return the common URI prefix."""
+    prefix = expected_prefix
+    now = _now()
+    for i in range(nprocs):
+        cert_path = cert_dir / _cert_name(i)
+        key_path = cert_dir / _key_name(i)
+        cert = _load_cert(cert_path, f"certificate of process {i} (PEM)")
+        key = _load_key(key_path, f"private key of process {i} (PEM, unencrypted)")
+        if _spki(key.public_key()) != _spki(cert.public_key()):
+            raise PKIError(f"private key {key_path} does not belong to certificate {cert_path}")
+        if not _issued_by(cert, cas):
+            raise PKIError(
+                f"certificate {cert_path} is not signed by any CA in {ca_file} "
+                f"(issuer: {cert.issuer.rfc4514_string()})"
+            )
+        uris = _uris(cert)
+        if prefix is None:
+            # Process 0's certificate defines the prefix every other process must share.
+            found = [
+                m["prefix"] for u in uris if (m := _PROCESS_URI_RE.match(u)) and m["index"] == "0"
+            ]
+            if not found:
+                raise PKIError(
+                    f"certificate {cert_path} has no URI SAN of the form "
+                    f"'<prefix>/process/0' (found URI SANs: {uris or 'none'}); JAX's peer "
+                    f"check needs one, e.g. 'spiffe://example.org/jax/process/0'"
+                )
+            prefix = found[0]
+        want = f"{prefix}process/{i}"
+        if want not in uris:
+            raise PKIError(
+                f"certificate {cert_path} lacks the URI SAN {want!r} "
+                f"(found URI SANs: {uris or 'none'})"
+            )
+        eku = _eku(cert)
+        if eku is not None:
+            if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
+                raise PKIError(f"certificate {cert_path} does not allow TLS client auth (EKU)")
+            if i == 0 and ExtendedKeyUsageOID.SERVER_AUTH not in eku:
+                raise PKIError(
+                    f"certificate {cert_path} does not allow TLS server auth (EKU); "
+                    f"process 0 runs the coordinator and needs it"
+                )
+        if check_validity and not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
+            raise PKIError(
+                f"certificate {cert_path} is not valid now: valid from "
+                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} to "
+                f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+            )
+    assert prefix is not None
+    return prefix
+
+
+class ClusterPKI:
+    """The certificates of one cluster: a CA and one leaf certificate per JAX process.
+
+    Build one with :meth:`create` (new CA and leaves), :meth:`load` (reopen what
+    :meth:`create` wrote) or :meth:`from_user` (certificates the user brings, no CA key).
+
+    Attributes
+    ----------
+    cluster_id : str
+        Name of the cluster, part of every process's URI SAN.
+    nprocs : int
+        Number of JAX processes that have certificates.
+    cert_dir : pathlib.Path
+        Directory holding ``process-<i>.pem`` and ``process-<i>.key``.
+    ca_file : pathlib.Path
+        The CA certificate (bundle) that every process trusts.
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster_id: str,
+        nprocs: int,
+        cert_dir: Path,
+        ca_file: Path,
+        peer_uri_prefix: str,
+        ca_key_file: Path | None,
+    ) -> None:
+        # Not meant to be called directly: create/load/from_user check everything first.
+        self.cluster_id = cluster_id
+        self.nprocs = nprocs
+        self.cert_dir = cert_dir
+        self.ca_file = ca_file
+        self._peer_uri_prefix = peer_uri_prefix
+        self._ca_key_file = ca_key_file
+
+    def __repr__(self) -> str:
+        return (
+            f"ClusterPKI(cluster_id={self.cluster_id!r}, nprocs={self.nprocs}, "
+            f"cert_dir='{self.cert_dir}', can_rotate={self.can_rotate})"
+        )
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | os.PathLike,
+        cluster_id: str,
+        nprocs: int,
+        hosts: Sequence[str | Sequence[str]] | None = None,
+        *,
+        valid_days: float = 30,
+    ) -> ClusterPKI:
+        """Create a new CA and one certificate per process in ``directory``.
+
+        Parameters
+        ----------
+        directory : path-like
+            Where the files go. Created with mode 0700 if missing; an existing directory
+            must be owned by this user and not accessible by group or others. Files
+            with the same names already there are overwritten.
+        cluster_id : str
+            Name of the cluster, 1-128 characters from ``[A-Za-z0-9._-]``.
+        nprocs : int
+            Number of JAX processes.
+        hosts : sequence, optional
+            One entry per process: a host name or IP address, or a list of them, to put in
+            that process's certificate as DNS or IP SANs. Defaults to ``127.0.0.1`` and
+            ``localhost`` for every process.
+        valid_days : float, default 30
+            Lifetime of the CA and the leaf certificates.
+
+        Returns
+        -------
+        ClusterPKI
+
+        Raises
+        ------
+        PKIError
+            If ``directory`` is not private to this user.
+        ValueError
+            If an argument is malformed.
+        """
+        _check_cluster_id(cluster_id)
+        _check_nprocs(nprocs)
+        if valid_days <= 0:
+            raise ValueError(f"valid_days must be positive, got {valid_days!r}")
+        if hosts is None:
+            hosts = [_DEFAULT_HOST] * nprocs
+        if isinstance(hosts, str) or len(hosts) != nprocs:
+            raise ValueError(f"hosts must be a list with one entry per process ({nprocs})")
+        host_sans = [_host_sans(h) for h in hosts]
+
+        directory = Path(directory).absolute()
+        _secure_directory(directory, create=True)
+
+        now = _now()
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name(
+            [x509.NameAttribute(NameOID.COMMON_NAME, f"jaxsys cluster {cluster_id} CA")]
+        )
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + _dt.timedelta(days=valid_days))
+            # path_length=0: this CA signs process certificates only, never another CA.
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        _write_atomic(directory / CA_KEY_NAME, _key_pem(ca_key), 0o600)
+        _write_atomic(directory / CA_CERT_NAME, _cert_pem(ca_cert), 0o644)
+
+        pki = cls(
+            cluster_id=cluster_id,
+            nprocs=nprocs,
+            cert_dir=directory,
+            ca_file=directory / CA_CERT_NAME,
+            peer_uri_prefix=f"spiffe://{TRUST_DOMAIN}/{cluster_id}/",
+            ca_key_file=directory / CA_KEY_NAME,
+        )
+        for i in range(nprocs):
+            pki._issue(i, ca_key, ca_cert, host_sans[i], _dt.timedelta(days=valid_days))
+        return pki
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, cluster_id: str, nprocs: int) -> ClusterPKI:
+        """Reopen a PKI that :meth:`create` wrote.
+
+        Parameters
+        ----------
+        directory : path-like
+            The directory given to :meth:`create`.
+        cluster_id : str
+            The cluster id given to :meth:`create`.
+        nprocs : int
+            Number of processes to expect certificates for.
+
+        Returns
+        -------
+        ClusterPKI
+
+        Raises
+        ------
+        PKIError
+            If the directory is not private, a file is missing or unreadable, or a
+            certificate does not match the CA, its key or the cluster id.
+        """
+        _check_cluster_id(cluster_id)
+        _check_nprocs(nprocs)
+        directory = Path(directory).absolute()
+        _secure_directory(directory, create=False)
+        ca_file = directory / CA_CERT_NAME
+        ca_key_file = directory / CA_KEY_NAME
+        cas = _load_ca_bundle(ca_file)
+        ca_key = _load_key(ca_key_file, "CA private key (PEM)")
+        if _spki(ca_key.public_key()) != _spki(cas[0].public_key()):
+            raise PKIError(f"CA key {ca_key_file} does not belong to CA certificate {ca_file}")
+        prefix = f"spiffe://{TRUST_DOMAIN}/{cluster_id}/"
+        # Expired leaves are accepted here so that rotate() can still replace them.
+        _check_leaves(cas, ca_file, directory, nprocs, expected_prefix=prefix, check_validity=False)
+        return cls(
+            cluster_id=cluster_id,
+            nprocs=nprocs,
+            cert_dir=directory,
+            ca_file=ca_file,
+            peer_uri_prefix=prefix,
+            ca_key_file=ca_key_file,
+        )
+
+    @classmethod
+    def from_user(
+        cls,
+        ca_file: str | os.PathLike,
+        cert_dir: str | os.PathLike,
+        cluster_id: str,
+        nprocs: int,
+    ) -> ClusterPKI:
+        """Use certificates the user brings instead of making new ones.
+
+        ``cert_dir`` must hold ``process-<i>.pem`` (certificate) and ``process-<i>.key``
+        (unencrypted PEM key) for every process ``i``. Every certificate must be signed
+        by a CA in ``ca_file`` and carry a URI SAN ``<prefix>process/<i>`` with one common
+        prefix; the prefix is read from process 0's certificate.
+
+        Parameters
+        ----------
+        ca_file : path-like
+            PEM file with the CA certificate(s) the processes trust.
+        cert_dir : path-like
+            Directory with the per-process certificates and keys.
+        cluster_id : str
+            Name of the cluster; a label only, the URI prefix comes from the certificates.
+        nprocs : int
+            Number of JAX processes.
+
+        Returns
+        -------
+        ClusterPKI
+            Without a CA key, so :meth:`rotate` is unavailable.
+
+        Raises
+        ------
+        PKIError
+            Naming the file that is missing, unreadable or does not fit.
+        """
+        _check_cluster_id(cluster_id)
+        _check_nprocs(nprocs)
+        ca_file = Path(ca_file).absolute()
+        cert_dir = Path(cert_dir).absolute()
+        cas = _load_ca_bundle(ca_file)
+        prefix = _check_leaves(
+            cas, ca_file, cert_dir, nprocs, expected_prefix=None, check_validity=True
+        )
+        for i in range(nprocs):
+            key_path = cert_dir / _key_name(i)
+            if stat.S_IMODE(key_path.stat().st_mode) & 0o077:
+                warnings.warn(
+                    f"private key {key_path} is readable by group or others; "
+                    f"consider `chmod 600 {key_path}`",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        return cls(
+            cluster_id=cluster_id,
+            nprocs=nprocs,
+            cert_dir=cert_dir,
+            ca_file=ca_file,
+            peer_uri_prefix=prefix,
+            ca_key_file=None,
+        )
+
+    # -- queries ------------------------------------------------------------------------
+
+    @property
+    def peer_uri_prefix(self) -> str:
+        """URI SAN prefix that every process of this cluster has; ends with ``/``."""
+        return self._peer_uri_prefix
+
+    @property
+    def can_rotate(self) -> bool:
+        """Whether this PKI holds its CA key and so can issue new certificates."""
+        return self._ca_key_file is not None
+
+    def _index(self, i: int) -> int:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.nprocs:
+            raise IndexError(f"process index {i!r} out of range for {self.nprocs} processes")
+        return i
+
+    def credentials(self, i: int) -> ProcessCredentials:
+        """The certificate, key and CA files of process ``i``.
+
+        Parameters
+        ----------
+        i : int
+            Process index, ``0 <= i < nprocs``.
+
+        Returns
+        -------
+        ProcessCredentials
+        """
+        i = self._index(i)
+        return ProcessCredentials(
+            cert_file=str(self.cert_dir / _cert_name(i)),
+            key_file=str(self.cert_dir / _key_name(i)),
+            ca_file=str(self.ca_file),
+            uri=f"{self._peer_uri_prefix}process/{i}",
+        )
+
+    def env(self, i: int) -> dict[str, str]:
+        """Environment variables that make JAX process ``i`` use mutual TLS.
+
+        They set JAX's config options ``jax_mtls_cert_file``, ``jax_mtls_key_file``,
+        ``jax_mtls_ca_file``, ``jax_mtls_peer_uri_prefix`` and
+        ``jax_distributed_verify_secure_credentials``; the last makes
+        ``jax.distributed.initialize`` abort rather than fall back to an insecure channel.
+
+        Parameters
+        ----------
+        i : int
+            Process index.
+
+        Returns
+        -------
+        dict of str to str
+        """
+        creds = self.credentials(i)
+        return {
+            "JAX_MTLS_CERT_FILE": creds.cert_file,
+            "JAX_MTLS_KEY_FILE": creds.key_file,
+            "JAX_MTLS_CA_FILE": creds.ca_file,
+            "JAX_MTLS_PEER_URI_PREFIX": self._peer_uri_prefix,
+            "JAX_DISTRIBUTED_VERIFY_SECURE_CREDENTIALS": "1",
+        }
+
+    def certificate(self, i: int) -> x509.Certificate:
+        """The current certificate of process ``i``, read from disk.
+
+        Parameters
+        ----------
+        i : int
+            Process index.
+
+        Returns
+        -------
+        cryptography.x509.Certificate
+        """
+        i = self._index(i)
+        return _load_cert(self.cert_dir / _cert_name(i), f"certificate of process {i}")
+
+    def serial(self, i: int) -> int:
+        """Serial number of process ``i``'s current certificate.
+
+        Parameters
+        ----------
+        i : int
+            Process index.
+
+        Returns
+        -------
+        int
+        """
+        return self.certificate(i).serial_number
+
+    def fingerprint(self, i: int) -> str:
+        """SHA-256 fingerprint of process ``i``'s current certificate.
+
+        Parameters
+        ----------
+        i : int
+            Process index.
+
+        Returns
+        -------
+        str
+            Lower-case hex bytes separated by colons.
+        """
+        return self.certificate(i).fingerprint(hashes.SHA256()).hex(":")
+
+    # -- issuing ------------------------------------------------------------------------
+
+    def _issue(
+        self,
+        i: int,
+        ca_key,
+        ca_cert: x509.Certificate,
+        host_sans: list[x509.GeneralName],
+        lifetime: _dt.timedelta,
+    ) -> int:
+        now = _now()
+        # A leaf that outlives its CA would fail verification anyway; stop where the CA does.
+        not_after = min(now + lifetime, ca_cert.not_valid_after_utc)
+        key = ec.generate_private_key(ec.SECP256R1())
+        uri = f"{self._peer_uri_prefix}process/{i}"
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(
+                x509.Name(
+                    [
+                        x509.NameAttribute(
+                            NameOID.COMMON_NAME, f"jaxsys {self.cluster_id} process {i}"
+                        )
+                    ]
+                )
+            )
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(not_after)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri), *host_sans]),
+                critical=False,
+            )
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+                critical=False,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        # Key before certificate: a reader between the two replaces sees a mismatched pair
+        # either way, and gRPC keeps its old credentials when a pair does not match.
+        _write_atomic(self.cert_dir / _key_name(i), _key_pem(key), 0o600)
+        _write_atomic(self.cert_dir / _cert_name(i), _cert_pem(cert), 0o644)
+        return cert.serial_number
+
+    def rotate(self, *, valid_days: float | None = None) -> list[int]:
+        """Replace every process's key and certificate with new ones from the same CA.
+
+        The files are replaced atomically in place, keeping each certificate's SANs; the CA
+        file is untouched. JAX 0.12 re-reads the files about every 10 minutes, so a running
+        cluster starts presenting the new certificates only then; until that happens the
+        old ones must stay valid.
+
+        Parameters
+        ----------
+        valid_days : float, optional
+            Lifetime of the new certificates; by default the lifetime of the ones they
+            replace. Never extends past the CA's own expiry.
+
+        Returns
+        -------
+        list of int
+            The new serial numbers, by process index.
+
+        Raises
+        ------
+        PKIError
+            If this PKI has no CA key (certificates brought by the user).
+        """
+        if self._ca_key_file is None:
+            raise PKIError(
+                "cannot rotate certificates brought by the user: jaxsys has no CA key for "
+                f"them. Replace the files in {self.cert_dir} yourself (same names, atomic "
+                "rename); JAX re-reads them about every 10 minutes"
+            )
+        if valid_days is not None and valid_days <= 0:
+            raise ValueError(f"valid_days must be positive, got {valid_days!r}")
+        ca_key = _load_key(self._ca_key_file, "CA private key (PEM)")
+        ca_cert = _load_ca_bundle(self.ca_file)[0]
+        serials = []
+        for i in range(self.nprocs):
+            old = self.certificate(i)
+            san = old.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            host_sans = [g for g in san if not isinstance(g, x509.UniformResourceIdentifier)]
+            if valid_days is None:
+                lifetime = old.not_valid_after_utc - old.not_valid_before_utc - _BACKDATE
+            else:
+                lifetime = _dt.timedelta(days=valid_days)
+            serials.append(self._issue(i, ca_key, ca_cert, host_sans, lifetime))
+        return serials
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address must look like 'host:port', got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def peer_certificate_serial(address: str, creds: ProcessCredentials, timeout: float = 5.0) -> int:
+    """Serial number of the certificate a TLS server (e.g. JAX's coordinator) presents.
+
+    Connects as a TLS client with ``creds`` as the client certificate and trusts only
+    ``creds.ca_file``. Host names are not checked (the coordinator's identity is its URI
+    SAN), but the server's certificate must chain to the CA.
+
+    Parameters
+    ----------
+    address : str
+        ``"host:port"`` of the server; IPv6 hosts in brackets.
+    creds : ProcessCredentials
+        Client certificate, key and CA to use.
+    timeout : float, default 5.0
+        Seconds allowed for connecting and the handshake.
+
+    Returns
+    -------
+    int
+        The serial number of the server's certificate.
+
+    Raises
+    ------
+    ssl.SSLError
+        If the handshake fails, e.g. the server's certificate is not from the CA.
+    OSError
+        If the server cannot be reached.
+    """
+    host, port = _split_address(address)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(cafile=creds.ca_file)
+    ctx.load_cert_chain(certfile=creds.cert_file, keyfile=creds.key_file)
+    # gRPC servers only complete handshakes that negotiate HTTP/2.
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        with ctx.wrap_socket(sock, server_hostname=None) as tls:
+            der = tls.getpeercert(binary_form=True)
+    if der is None:
+        raise ssl.SSLError(f"{address} presented no certificate")
+    return x509.load_der_x509_certificate(der).serial_number
