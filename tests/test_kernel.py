@@ -234,3 +234,9 @@ def test_world_restart_from_the_kernel(kernel):
     assert re.search(r"JAX world ready again in \d+\.\d s", out.stdout)
     assert "processes initialised 2/2" in out.stderr
     assert kernel.ok("%%multihost\nimport jax\nprint(jax.device_count())").stdout == "[p0-1] 4\n"
+
+
+def test_rotate_certs_magic(kernel):
+    out = kernel.ok("%jaxsys rotate-certs")
+    assert "new certificates written for p0 (serial" in out.stdout and "p1 (serial" in out.stdout
+    assert "every 10 minutes" in out.stdout
