@@ -1,0 +1,1 @@
+"""Telemetry: events from the JAX processes to the kernel, and the shapes widgets consume."""
