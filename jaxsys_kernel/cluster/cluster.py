@@ -147,6 +147,9 @@ class Cluster:
     process_prefix : mapping of int to sequence of str, optional
         Local launcher only: a command prefix per process, e.g.
         ``["ip", "netns", "exec", "ns0"]`` or ``["taskset", "-c", "0"]``.
+    telemetry : bool
+        Run an agent in every process that streams heartbeats and compilation-cache events
+        to ``self.telemetry`` (a :class:`~jaxsys_kernel.telemetry.hub.TelemetryHub`).
 
     Examples
     --------
@@ -174,6 +177,7 @@ class Cluster:
         addresses: Sequence[str] | None = None,
         controller_ip: str | None = None,
         process_prefix: Mapping[int, Sequence[str]] | None = None,
+        telemetry: bool = True,
     ):
         if launcher not in LAUNCHERS:
             raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
@@ -214,6 +218,8 @@ class Cluster:
         self.controller_ip = controller_ip
         self.process_prefix = {int(k): list(v) for k, v in (process_prefix or {}).items()}
         self.secure = secure
+        self.telemetry_enabled = telemetry
+        self.telemetry = None
         self.ca_file = ca_file
         self.cert_dir = cert_dir
         self.pki = None
@@ -476,6 +482,9 @@ class Cluster:
         for p in self.processes:
             p.state = "dead"
         self.pki = None
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
         self.state = "stopped"
         return time.perf_counter() - t0
 
@@ -536,6 +545,9 @@ class Cluster:
             env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(self.cache_dir)
         if self.pki is not None:
             env.update(self.pki.env(rank))
+        if self.telemetry is not None:
+            env.update(self.telemetry.env())
+            env["JAXSYS_INCARNATION"] = str(self._incarnation)
         env.update(self.env)
         env.update(self.process_env.get(rank, {}))
         return env
@@ -865,6 +877,17 @@ class Cluster:
             self._ipp = self._make_ipp_cluster()
             if self.secure:
                 self.pki = self._make_pki()
+            if self.telemetry_enabled:
+                from ..telemetry.hub import TelemetryHub
+
+                bind = (
+                    "127.0.0.1"
+                    if self.launcher == "local" and not self.controller_ip
+                    else "0.0.0.0"
+                )
+                if self.controller_ip and self.controller_ip != "*":
+                    bind = self.controller_ip
+                self.telemetry = TelemetryHub(self.nprocs, bind=bind, curve=self.secure)
             await self._ipp.start_controller()
             deadline = time.monotonic() + self.register_timeout
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
@@ -896,6 +919,8 @@ class Cluster:
         for p in self.processes:
             p.state = "restarting"
         _killpg_all(old_pids)
+        if self.telemetry is not None:
+            self.telemetry.reset()
         for set_id in old_sets:
             self._ipp.engines.pop(set_id, None)
         try:

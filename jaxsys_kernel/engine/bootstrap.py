@@ -234,6 +234,9 @@ def _join(
     local = jax.local_devices()
     if jax.process_index() != process_id:
         raise RuntimeError(f"JAX reports process_index {jax.process_index()} for rank {process_id}")
+    from . import agent
+
+    agent.start_from_env(process_id)
     return {
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),

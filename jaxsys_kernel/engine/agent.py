@@ -1,0 +1,201 @@
+"""The telemetry agent inside each JAX process.
+
+It forwards ``jax.monitoring`` events (compilation-cache requests and hits, compile
+durations with the function's name), a heartbeat about once a second, and the size of the
+persistent cache directory to the kernel over its own ZMQ PUSH socket. The socket is
+independent of cell execution, so a cell that runs for minutes still reports live numbers,
+and sending never blocks: when the kernel is not reading, events are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from ..telemetry import schema
+
+ENV_ADDRESS = "JAXSYS_TELEMETRY"
+ENV_SERVER_KEY = "JAXSYS_TELEMETRY_KEY"
+ENV_INCARNATION = "JAXSYS_INCARNATION"
+ENV_INTERVAL = "JAXSYS_HEARTBEAT_INTERVAL"
+
+_agent: Agent | None = None
+
+
+class Agent:
+    """Sends one process's telemetry to the kernel.
+
+    Parameters
+    ----------
+    address : str
+        The kernel's PULL socket, ``tcp://host:port``.
+    rank, incarnation : int
+        Who is sending: the process index and which start of it this is.
+    server_key : str, optional
+        The kernel's CurveZMQ public key (Z85); the link is encrypted when given.
+    interval : float
+        Seconds between heartbeats.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        rank: int,
+        incarnation: int = 0,
+        server_key: str | None = None,
+        interval: float = 1.0,
+    ):
+        import zmq
+
+        self.rank = rank
+        self.incarnation = incarnation
+        self.interval = interval
+        self.busy = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._hooked = False
+        self.sent = 0
+        self.dropped = 0
+        self._zmq = zmq
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.linger = 0
+        # A bounded queue: a kernel that stops reading costs dropped events, never a stall.
+        sock.sndhwm = 10_000
+        if server_key:
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey = server_key.encode("ascii")
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        sock.connect(address)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._beat, name="jaxsys-telemetry", daemon=True)
+
+    def start(self) -> Agent:
+        """Register the JAX listeners and start the heartbeat thread."""
+        import jax.monitoring
+
+        jax.monitoring.register_event_listener(self._on_event)
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the heartbeat (listeners stay registered but send nothing)."""
+        self._stop.set()
+
+    def send(self, kind: str, **payload) -> None:
+        """Send one event without blocking; drop it if the queue is full."""
+        if self._stop.is_set():
+            return
+        msg = json.dumps(schema.event(kind, self.rank, self.incarnation, time.time(), **payload))
+        with self._lock:
+            try:
+                self._sock.send_string(msg, self._zmq.NOBLOCK)
+                self.sent += 1
+            except self._zmq.Again:
+                self.dropped += 1
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        self.send(schema.MONITORING, name=event, **_plain(kwargs))
+
+    def _on_duration(self, event: str, duration: float, **kwargs) -> None:
+        self.send(schema.MONITORING, name=event, duration=duration, **_plain(kwargs))
+
+    def _hook_cells(self) -> None:
+        # The IPython shell exists only once the engine has finished starting.
+        if self._hooked:
+            return
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            self._hooked = True
+            return
+        shell = get_ipython()
+        if shell is None:
+            return
+        shell.events.register("pre_run_cell", self._cell_started)
+        shell.events.register("post_run_cell", self._cell_finished)
+        self._hooked = True
+
+    def _cell_started(self, *args) -> None:
+        self.busy = True
+        self._heartbeat()
+
+    def _cell_finished(self, *args) -> None:
+        self.busy = False
+        self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        self.send(schema.HEARTBEAT, busy=self.busy, devices=_local_device_ids())
+
+    def _beat(self) -> None:
+        cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        n = 0
+        while not self._stop.is_set():
+            self._hook_cells()
+            self._heartbeat()
+            if cache_dir and n % 5 == 0:
+                entries, size = _dir_usage(cache_dir)
+                self.send(schema.CACHE_DIR, entries=entries, bytes=size)
+            n += 1
+            self._stop.wait(self.interval)
+
+
+def _plain(kwargs: dict) -> dict:
+    return {k: v if isinstance(v, (str, int, float, bool)) else str(v) for k, v in kwargs.items()}
+
+
+def _local_device_ids() -> list[int]:
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return []
+    try:
+        return [d.id for d in jax.local_devices()]
+    except Exception:  # noqa: BLE001 - before the backend exists there are no devices to list
+        return []
+
+
+def _dir_usage(path: str) -> tuple[int, int]:
+    entries = size = 0
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.is_file(follow_symlinks=False):
+                    entries += 1
+                    size += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return entries, size
+
+
+def start_from_env(rank: int) -> Agent | None:
+    """Start the agent if the launcher asked for telemetry (``$JAXSYS_TELEMETRY``).
+
+    Parameters
+    ----------
+    rank : int
+        This process's index.
+
+    Returns
+    -------
+    Agent or None
+        The running agent; the same one on repeated calls.
+    """
+    global _agent
+    if _agent is not None:
+        return _agent
+    address = os.environ.get(ENV_ADDRESS)
+    if not address:
+        return None
+    _agent = Agent(
+        address,
+        rank,
+        incarnation=int(os.environ.get(ENV_INCARNATION, "0")),
+        server_key=os.environ.get(ENV_SERVER_KEY) or None,
+        interval=float(os.environ.get(ENV_INTERVAL, "1.0")),
+    ).start()
+    return _agent
