@@ -43,6 +43,22 @@ class Endpoint:
         return asdict(self)
 
 
+def _serving(cluster) -> str:
+    """Which certificate the coordinator presents now, against the one on disk."""
+    from .pki import peer_certificate_serial
+
+    on_disk = cluster.pki.serial(0)
+    try:
+        served = peer_certificate_serial(
+            cluster.coordinator_address, cluster.pki.credentials(0), timeout=2.0
+        )
+    except Exception as e:  # noqa: BLE001 - the audit reports, it does not fail
+        return f"could not read the served certificate ({e})"
+    if served == on_disk:
+        return f"serving the current certificate (serial {on_disk:#x})"
+    return f"serving serial {served:#x}; the rotated one on disk ({on_disk:#x}) is not in use yet"
+
+
 def _ipp_endpoints(cluster) -> list[Endpoint]:
     ipp = cluster._ipp
     path = Path(ipp.profile_dir) / "security" / f"ipcontroller-{ipp.cluster_id}-engine.json"
@@ -148,7 +164,8 @@ def audit(cluster) -> list[Endpoint]:
                 coord,
                 "p0",
                 "mTLS",
-                f"peers must present a certificate from the cluster CA with a URI under {cluster.pki.peer_uri_prefix}",
+                f"peers need a certificate from the cluster CA under {cluster.pki.peer_uri_prefix}; "
+                + _serving(cluster),
             )
         )
     else:

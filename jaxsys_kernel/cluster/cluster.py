@@ -606,6 +606,8 @@ class Cluster:
                         f"--IPEngine.wait_for_url_file={self.register_timeout:g}",
                     ],
                 }
+                if self.launcher == "local":
+                    kwargs["engine_args"].append(f"--IPEngine.url_file={self._engine_file()}")
                 if self.launcher == "ssh":
                     kwargs["engines"] = {self.host_names[rank]: 1}
                 elif rank in self.process_prefix:
@@ -650,6 +652,11 @@ class Cluster:
             raise ClusterError(
                 "this cluster runs without mTLS; there are no certificates to rotate"
             )
+        if not self.pki.can_rotate:
+            raise ClusterError(
+                "this cluster uses your CA, and jaxsys holds no CA key: issue new certificates "
+                "with your CA and replace the files in the certificate directory in place"
+            )
         return self.pki.rotate()
 
     @property
@@ -661,6 +668,43 @@ class Cluster:
             )
         origin = "your CA" if self.ca_file else "a per-cluster CA"
         return f"mTLS on the coordination service ({origin}), CurveZMQ on the control channel"
+
+    def _engine_file(self) -> Path:
+        return self._profile / "security" / "jaxsys-engine.json"
+
+    async def _publish_engine_file(self, deadline: float) -> None:
+        """Copy the controller's engine connection file once it is complete.
+
+        The controller creates that file empty and fills it afterwards, so an engine that
+        only waits for it to exist can read nothing. Engines wait for this copy instead,
+        which appears atomically.
+        """
+        import json
+
+        src = (
+            Path(self._ipp.profile_dir)
+            / "security"
+            / f"ipcontroller-{self._ipp.cluster_id}-engine.json"
+        )
+        dst = self._engine_file()
+        while True:
+            try:
+                text = src.read_text()
+                json.loads(text)
+                break
+            except (OSError, ValueError):
+                problem = self._controller_failure()
+                if problem:
+                    raise ClusterStartError(problem) from None
+                if time.monotonic() > deadline:
+                    raise ClusterStartError(
+                        f"the controller did not write {src} within {self.register_timeout:g} s"
+                    ) from None
+                await asyncio.sleep(0.02)
+        tmp = dst.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, dst)
 
     def _nanny_args(self) -> list[str]:
         # The nanny relays signals to remote engines. Local engines are signalled directly,
@@ -892,6 +936,10 @@ class Cluster:
             deadline = time.monotonic() + self.register_timeout
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
             await self._launch_engines()
+            if self.launcher == "local":
+                await self._publish_engine_file(deadline)
+            if self.secure:
+                _quiet_curve_signing_warning()
             self.client = await asyncio.wait_for(
                 self._ipp.connect_client(), timeout=self.register_timeout
             )
@@ -939,6 +987,25 @@ class Cluster:
         self.state = "ready"
         self.ready_seconds = time.perf_counter() - t0
         return self.ready_seconds
+
+
+class _CurveSigningFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Message signing is disabled")
+
+
+_curve_filter = _CurveSigningFilter()
+
+
+def _quiet_curve_signing_warning() -> None:
+    # With CurveZMQ, ipyparallel gives its sessions an empty HMAC key (Curve authenticates
+    # and encrypts instead), and jupyter_client then warns that signing is disabled: on a
+    # secure cluster that warning says the opposite of the truth.
+    from traitlets.log import get_logger
+
+    logger = get_logger()
+    if _curve_filter not in logger.filters:
+        logger.addFilter(_curve_filter)
 
 
 def _short_error(exc: BaseException) -> str:

@@ -129,11 +129,12 @@ class MultihostSession:
     def rotate_certs(self) -> list[int]:
         """Issue new certificates to every process; returns their serial numbers."""
         from ..cluster import ClusterError
+        from ..cluster.pki import PKIError
 
         cluster = self.require_cluster()
         try:
             return cluster.rotate_certs()
-        except ClusterError as e:
+        except (ClusterError, PKIError) as e:
             raise UsageError(str(e)) from None
 
     def shutdown(self) -> None:
