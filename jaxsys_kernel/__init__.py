@@ -6,7 +6,35 @@ Nothing here imports JAX: the kernel is a driver, and the engines own the device
 
 from ._version import __version__
 
-__all__ = ["Cluster", "ClusterError", "ClusterStartError", "__version__", "load_ipython_extension"]
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "ClusterStartError",
+    "__version__",
+    "load_ipython_extension",
+    "show",
+]
+
+
+def show(x):
+    """Show the view of a mesh, a sharding or a jax.Array (inside a ``%%multihost`` cell).
+
+    Parameters
+    ----------
+    x : jax.sharding.Mesh, jax.sharding.NamedSharding or jax.Array
+        The object to draw; arrays may span processes.
+
+    Examples
+    --------
+    ::
+
+        %%multihost
+        import jaxsys_kernel
+        jaxsys_kernel.show(mesh)
+    """
+    from .engine.display import show as _show
+
+    _show(x)
 
 
 def __getattr__(name):

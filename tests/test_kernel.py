@@ -240,3 +240,64 @@ def test_rotate_certs_magic(kernel):
     out = kernel.ok("%jaxsys rotate-certs")
     assert "new certificates written for p0 (serial" in out.stdout and "p1 (serial" in out.stdout
     assert "every 10 minutes" in out.stdout
+
+
+def _widget_states(out) -> list[dict]:
+    return [
+        m["content"]["data"]["state"]
+        for m in out.messages
+        if m["msg_type"] == "comm_open" and "_view_kind" in m["content"]["data"].get("state", {})
+    ]
+
+
+def test_displaying_a_mesh_shows_its_view_once(kernel):
+    out = kernel.ok("%%multihost\nimport jax\nmesh = jax.make_mesh((2, 2), ('x', 'y'))\nmesh")
+    views = [s for s in _widget_states(out) if s["_view_kind"] == "mesh"]
+    assert len(views) == 1
+    info = views[0]["info"]
+    assert info["shape"] == [2, 2] and info["axis_names"] == ["x", "y"]
+    assert info["devices"] == [0, 1, 2048, 2049] and info["process"] == [0, 0, 1, 1]
+
+
+def test_process_spanning_array_shows_its_sharding(kernel):
+    out = kernel.ok(
+        "%%multihost\n"
+        "import numpy as np\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "mesh = jax.make_mesh((2, 2), ('x', 'y'))\n"
+        "arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P('x', None)), np.ones((2, 6), np.float32))\n"
+        "arr"
+    )
+    (state,) = [s for s in _widget_states(out) if s["_view_kind"] == "sharding"]
+    info = state["info"]
+    assert info["shape"] == [4, 6] and info["spec"] == ["x", None]
+    blocks = {tuple(map(tuple, b["index"])): b for b in info["blocks"]}
+    assert set(blocks) == {((0, 2), (0, 6)), ((2, 4), (0, 6))}
+    assert sorted(map(tuple, blocks[((0, 2), (0, 6))]["holders"])) == [(0, 0), (1, 0)]
+    assert sorted(map(tuple, blocks[((2, 4), (0, 6))]["holders"])) == [(2048, 1), (2049, 1)]
+    assert "Array(shape=(4, 6)" in out.text  # the value's text follows the view
+
+
+def test_show_draws_a_sharding(kernel):
+    out = kernel.ok("%%multihost\nimport jaxsys_kernel\njaxsys_kernel.show(arr.sharding)")
+    (state,) = [s for s in _widget_states(out) if s["_view_kind"] == "sharding"]
+    assert state["info"]["shape"] == [2, 1]
+
+
+def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
+    out = kernel.ok("%jaxsys dashboard")
+    kinds = sorted(s["_view_kind"] for s in _widget_states(out))
+    assert kinds == ["cache", "live", "mesh", "sharding"]
+    t0 = time.time()
+    out = kernel.ok("%%multihost\nimport time\ntime.sleep(3)")
+    updates = [
+        m
+        for m in out.messages
+        if m["msg_type"] == "comm_msg" and "liveness" in m["content"]["data"].get("state", {})
+    ]
+    # The view is refreshed from the telemetry thread, so updates flow while the cell runs.
+    assert len(updates) >= 2
+    stamps = [m["header"]["date"].timestamp() for m in updates]
+    assert min(stamps) < t0 + 2.5
+    busy = [[p["busy"] for p in m["content"]["data"]["state"]["liveness"]] for m in updates]
+    assert [True, True] in busy

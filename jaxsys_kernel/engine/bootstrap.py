@@ -56,6 +56,9 @@ def describe_process() -> dict:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_INTERVAL
+    from . import display
+
+    display.register_formatters()
     nanny_pid = None
     try:
         from ipyparallel.engine.app import IPEngine
@@ -64,7 +67,10 @@ def describe_process() -> dict:
             pipe = getattr(IPEngine.instance(), "nanny_pipe", None)
             nanny_pid = getattr(pipe, "pid", None)
     except Exception:  # noqa: BLE001 - the nanny pid is only a cleanup aid
-        nanny_pid = None
+        from . import display
+
+    display.register_formatters()
+    nanny_pid = None
     host = socket.gethostname()
     try:
         address = socket.gethostbyname(host)

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from .._ranges import format_procs
 from .collate import DEFAULT_WINDOW, LineCollator
 
+# The mime type engines use for mesh/sharding summaries (engine/display.py); defined here
+# too so that the kernel never imports engine code that could pull in JAX.
+SUMMARY_MIME = "application/vnd.jaxsys.summary+json"
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Engines number their cells independently, so "Cell In[7]" on one is "Cell In[9]" on another.
 _CELL_NUMBER = re.compile(r"In\[\d+\]")
@@ -130,7 +134,16 @@ def render_errors(run: CellRun, include_interrupts: bool = True) -> list[str]:
 
 
 class Sink:
-    """Where a cell's output goes: the kernel's streams and display publisher."""
+    """Where a cell's output goes: the kernel's streams and display publisher.
+
+    Parameters
+    ----------
+    on_summary : callable, optional
+        Called with every mesh/sharding summary a process displays, before it is shown.
+    """
+
+    def __init__(self, on_summary: Callable[[dict], None] | None = None):
+        self.on_summary = on_summary
 
     def stdout(self, text: str) -> None:
         """Write collated stdout text."""
@@ -148,11 +161,25 @@ class Sink:
 
         if label:
             self.stdout(f"[{format_procs([rank])}] display:\n")
+        summary = content.get("data", {}).get(SUMMARY_MIME)
+        if summary is not None:
+            self.view(summary)
+            return
         publish_display_data(
             data=content.get("data", {}),
             metadata=content.get("metadata", {}),
             transient=content.get("transient"),
         )
+
+    def view(self, summary: dict) -> None:
+        """Show the widget for a summary that a process displayed."""
+        from IPython.display import display
+
+        from ..widgets import view_for
+
+        if self.on_summary is not None:
+            self.on_summary(summary)
+        display(view_for(summary))
 
 
 def execute(
@@ -395,9 +422,16 @@ class CellResult:
         return self._repr_mimebundle_()["text/plain"]
 
 
-def cell_result(run: CellRun, display_from_all: bool = False) -> CellResult | None:
-    """The cell's value for the kernel to display, or None if it had none."""
-    bundles = {r: run.results[r].result for r in run.procs if run.results[r].result}
+def cell_result(run: CellRun, sink: Sink | None = None) -> CellResult | None:
+    """The cell's value for the kernel to display, or None if it had none.
+
+    When the value is a mesh, a sharding or an array, its view is shown first (once, from
+    the first process's summary) and the value's text follows as the cell's result.
+    """
+    bundles = {r: dict(run.results[r].result) for r in run.procs if run.results[r].result}
     if not bundles:
         return None
+    summaries = [b.pop(SUMMARY_MIME) for b in bundles.values() if SUMMARY_MIME in b]
+    if summaries:
+        (sink or Sink()).view(summaries[0])
     return CellResult(bundles)

@@ -11,7 +11,16 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .._ranges import format_procs
 from .session import MultihostSession
 
-JAXSYS_ACTIONS = ("start", "stop", "restart", "status", "security", "rotate-certs", "inspect")
+JAXSYS_ACTIONS = (
+    "start",
+    "stop",
+    "restart",
+    "status",
+    "dashboard",
+    "security",
+    "rotate-certs",
+    "inspect",
+)
 
 
 def _positive_float(text: str) -> float:
@@ -86,7 +95,9 @@ class JaxSysMagics(Magics):
         certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
         ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure``
         turns both off. ``security`` lists every network endpoint with what protects it,
-        and ``rotate-certs`` issues new certificates in place.
+        and ``rotate-certs`` issues new certificates in place. ``dashboard`` shows the
+        live dashboard: the last mesh and sharding displayed, compilation-cache hits and the
+        liveness of every process, updated while cells run.
         ``restart`` replaces every process and re-initialises JAX (the way to recover
         from a hang or a broken collective on CPU). ``status`` lists process, engine, pid,
         host, devices and state. ``stop`` kills every process of the cluster.
@@ -97,6 +108,7 @@ class JaxSysMagics(Magics):
 
             %jaxsys start --hosts 4 --devices-per-host 2
             %jaxsys status
+            %jaxsys dashboard
             %jaxsys security
             %jaxsys restart
             %jaxsys stop
@@ -138,6 +150,8 @@ class JaxSysMagics(Magics):
         elif args.action == "status":
             print(format_status(s.status_rows()))
             print(f"security: {s.cluster.security}")
+        elif args.action == "dashboard":
+            return s.show_dashboard()
         elif args.action == "security":
             from ..cluster.audit import audit, format_audit
 

@@ -49,6 +49,9 @@ class MultihostSession:
         self.cluster: Cluster | None = None
         self.spmd = False
         self.default_timeout: float | None = None
+        self.last_summaries: dict[str, dict] = {}
+        self.dashboard = None
+        self._unsubscribe = None
 
     # -- cluster lifecycle ------------------------------------------------------------------
 
@@ -126,6 +129,50 @@ class MultihostSession:
         cluster = self.require_cluster()
         return cluster.restart_sync()
 
+    def show_dashboard(self, max_rate: float = 10.0):
+        """A live dashboard: mesh, sharding, cache hits and liveness of every process.
+
+        The mesh and sharding panes show the last ones displayed in a ``%%multihost`` cell;
+        cache and liveness update from telemetry while cells run, at most ``max_rate``
+        times a second. A new dashboard takes over the live updates from the previous one.
+        """
+        import time
+
+        from ..widgets import Dashboard
+
+        cluster = self.require_cluster()
+        hub = cluster.telemetry
+        if hub is None:
+            raise UsageError("this cluster runs without telemetry; start one with telemetry on")
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        dash = Dashboard(
+            mesh=self.last_summaries.get("mesh"), sharding=self.last_summaries.get("sharding")
+        )
+        previous: dict[int, str] = {}
+
+        def refresh(h) -> None:
+            cluster.refresh_states()
+            lives = h.liveness({p.rank: p.state for p in cluster.processes})
+            changes = []
+            for live in lives:
+                if previous.get(live.rank) != live.state:
+                    before = previous.get(live.rank, "-")
+                    changes.append(
+                        f"{time.strftime('%H:%M:%S')} p{live.rank}: {before} -> {live.state}"
+                    )
+                    previous[live.rank] = live.state
+            dash.update(
+                cache=[c.to_dict() for c in h.cache_stats()],
+                live=[live.to_dict() for live in lives],
+                append=changes,
+            )
+
+        refresh(hub)
+        self.dashboard = dash
+        self._unsubscribe = hub.subscribe(refresh, max_rate=max_rate)
+        return dash
+
     def rotate_certs(self) -> list[int]:
         """Issue new certificates to every process; returns their serial numbers."""
         from ..cluster import ClusterError
@@ -189,6 +236,7 @@ class MultihostSession:
                     file=sys.stderr,
                 )
 
+        sink = executor.Sink(on_summary=self._remember_summary)
         run = executor.execute(
             cluster,
             code,
@@ -197,9 +245,18 @@ class MultihostSession:
             collate=collate,
             all_displays=all_displays,
             on_interrupt=warn,
+            sink=sink,
         )
         executor.raise_for_run(run)
-        return executor.cell_result(run)
+        return executor.cell_result(run, sink)
+
+    def _remember_summary(self, summary: dict) -> None:
+        self.last_summaries[summary.get("kind", "")] = summary
+        if self.dashboard is not None:
+            if summary.get("kind") == "mesh":
+                self.dashboard.update(mesh=summary)
+            elif summary.get("kind") == "sharding":
+                self.dashboard.update(sharding=summary)
 
     # -- values -----------------------------------------------------------------------------
 

@@ -1,0 +1,106 @@
+"""Rich display of meshes, shardings and arrays from inside a JAX process.
+
+Each process's IPython gets a formatter for a jaxsys mime type, registered by type *name* so
+that nothing imports JAX before the user does. The formatter emits a summary (see
+:mod:`summaries`); the kernel turns it into a view. Arrays that span processes work too,
+because the summary comes from the sharding's device-to-index map, never from the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import summaries
+
+MIME = "application/vnd.jaxsys.summary+json"
+
+# (module, class name) of the objects that get a view; NamedSharding is exported from
+# jax.sharding and ArrayImpl from jaxlib in 0.12.
+_TYPES = {
+    ("jax._src.mesh", "Mesh"): "mesh",
+    ("jax.sharding", "NamedSharding"): "sharding",
+    ("jax._src.named_sharding", "NamedSharding"): "sharding",
+    ("jaxlib._jax", "ArrayImpl"): "array",
+    ("jax._src.array", "ArrayImpl"): "array",
+}
+
+
+def summarize(x: Any) -> dict | None:
+    """The summary of a mesh, a named sharding or a jax.Array; None for anything else.
+
+    A sharding alone has no array shape, so it is drawn over the smallest shape that gives
+    every shard one element along each sharded dimension.
+    """
+    kind = _TYPES.get((type(x).__module__, type(x).__qualname__))
+    if kind is None and hasattr(x, "devices_indices_map") and hasattr(x, "mesh"):
+        kind = "sharding"
+    if kind == "mesh":
+        return summaries.mesh_info(x)
+    if kind == "array":
+        return summaries.sharding_info(x)
+    if kind == "sharding":
+        mesh_shape = dict(zip(x.mesh.axis_names, x.mesh.devices.shape, strict=True))
+        shape = []
+        for entry in x.spec:
+            axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+            size = 1
+            for axis in axes:
+                size *= mesh_shape[axis]
+            shape.append(size)
+        return summaries.sharding_info((x, tuple(shape)))
+    return None
+
+
+def _format(x: Any) -> dict | None:
+    try:
+        return summarize(x)
+    except Exception:  # noqa: BLE001 - a failed summary must never break printing the value
+        return None
+
+
+def register_formatters(shell=None) -> bool:
+    """Teach this process's IPython to emit summaries for JAX meshes, shardings and arrays.
+
+    Returns
+    -------
+    bool
+        Whether a shell was there to register with.
+    """
+    from IPython import get_ipython
+    from IPython.core.formatters import JSONFormatter
+
+    shell = shell or get_ipython()
+    if shell is None:
+        return False
+    formatters = shell.display_formatter.formatters
+    if MIME not in formatters:
+        formatter = JSONFormatter(parent=shell.display_formatter)
+        formatter.format_type = MIME
+        formatters[MIME] = formatter
+    for module, name in _TYPES:
+        formatters[MIME].for_type_by_name(module, name, _format)
+    return True
+
+
+def show(x: Any) -> None:
+    """Show the view of a mesh, a sharding or a jax.Array, once, in the notebook.
+
+    Call it inside a ``%%multihost`` cell (on every process, as usual); the kernel shows
+    the view built from process 0's summary.
+
+    Examples
+    --------
+    ::
+
+        %%multihost
+        import jaxsys_kernel
+        jaxsys_kernel.show(x.sharding)
+    """
+    from IPython.display import display
+
+    summary = summarize(x)
+    if summary is None:
+        raise TypeError(
+            f"no view for {type(x).__name__}; pass a Mesh, a NamedSharding or a jax.Array"
+        )
+    display({MIME: summary, "text/plain": f"<{summary['kind']} view>"}, raw=True)
