@@ -122,8 +122,7 @@ class Kernel:
                 out.displays.append(c["data"])
             elif t == "error":
                 out.error = c
-        reply = self.kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = self._shell_reply(msg_id)
         validate_message(reply, "execute_reply", msg_id)
         out.reply = reply["content"]
         out.status = reply["content"]["status"]
@@ -139,10 +138,17 @@ class Kernel:
 
     def request(self, method: str, *args, **kwargs) -> dict:
         msg_id = getattr(self.kc, method)(*args, **kwargs)
-        reply = self.kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = self._shell_reply(msg_id)
         validate_message(reply, reply["msg_type"], msg_id)
         return reply["content"]
+
+    def _shell_reply(self, msg_id: str, timeout: float = 30.0) -> dict:
+        # A late reply to an earlier request (e.g. wait_for_ready's kernel_info) may come first.
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
 
     def shutdown(self) -> None:
         try:

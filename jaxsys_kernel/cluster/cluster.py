@@ -545,6 +545,8 @@ class Cluster:
             env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(self.cache_dir)
         if self.pki is not None:
             env.update(self.pki.env(rank))
+        if self._profile is not None and self.launcher == "local":
+            env["JAXSYS_STACK_FILE"] = str(self.stack_file(rank))
         if self.telemetry is not None:
             env.update(self.telemetry.env())
             env["JAXSYS_INCARNATION"] = str(self._incarnation)
@@ -668,6 +670,10 @@ class Cluster:
             )
         origin = "your CA" if self.ca_file else "a per-cluster CA"
         return f"mTLS on the coordination service ({origin}), CurveZMQ on the control channel"
+
+    def stack_file(self, rank: int) -> Path:
+        """Where process ``rank`` (of the current incarnation) writes stack dumps."""
+        return self._profile / "log" / f"stacks-p{rank}-i{self._incarnation}.txt"
 
     def _engine_file(self) -> Path:
         return self._profile / "security" / "jaxsys-engine.json"

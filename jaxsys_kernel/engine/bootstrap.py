@@ -16,6 +16,7 @@ RANK_VARIABLES = ("JAXSYS_PROCESS_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLUR
 
 
 OUTPUT_FLUSH_INTERVAL = 0.05
+_stack_fh = None
 
 
 def process_rank() -> int:
@@ -50,7 +51,12 @@ def describe_process() -> dict:
         ``rank``, ``pid``, ``host``, ``address`` and ``nanny_pid`` (None without a nanny).
     """
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+        # A file of its own: fd 2 is captured by ipykernel and would land in cell output.
+        stack_file = os.environ.get("JAXSYS_STACK_FILE")
+        global _stack_fh
+        if stack_file and _stack_fh is None:
+            _stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
+        faulthandler.register(signal.SIGUSR1, file=_stack_fh or sys.__stderr__, all_threads=True)
     # ipykernel sends buffered output every 0.2 s; processes flushing out of phase would
     # then print the same line up to 0.2 s apart, too far apart for the kernel to merge.
     for stream in (sys.stdout, sys.stderr):

@@ -63,6 +63,11 @@ class CellRun:
     interrupted: list[int] = field(default_factory=list)
     timed_out: bool = False
     seconds: float = 0.0
+    # Set when the cell was judged hung: why ("timeout" or "failure"), which processes were
+    # still running then, and what was done about it ("report", "interrupt", "restart").
+    hang: str | None = None
+    stuck: list[int] = field(default_factory=list)
+    hang_action: str | None = None
 
     def by_status(self, status: str) -> list[int]:
         """Ranks whose result has the given status."""
@@ -99,6 +104,10 @@ class MultihostInterrupt(KeyboardInterrupt):
 
 class MultihostTimeout(MultihostError):
     """The cell passed its ``--timeout``; the message says which processes were still running."""
+
+
+class MultihostHang(MultihostError):
+    """Some processes failed while the others kept running past the grace period."""
 
 
 def group_errors(run: CellRun) -> list[tuple[list[int], dict]]:
@@ -193,6 +202,8 @@ def execute(
     window: float = DEFAULT_WINDOW,
     sink: Sink | None = None,
     on_interrupt: Callable[[list[int]], None] | None = None,
+    grace: float | None = None,
+    on_hang: Callable[[CellRun], str] | None = None,
 ) -> CellRun:
     """Run ``code`` on the given processes and stream their output as it arrives.
 
@@ -215,7 +226,15 @@ def execute(
     sink : Sink, optional
         Output destination; the current kernel's streams by default.
     on_interrupt : callable, optional
-        Called with the signalled ranks when processes are interrupted.
+        Called with the ranks about to be interrupted, just before they are signalled.
+    grace : float, optional
+        Once a process has finished or failed, how long the others may keep running before
+        ``on_hang`` is asked whether the cell is hung (they may wait for it in a collective).
+    on_hang : callable, optional
+        Called with the run when it is judged hung (``run.hang``, ``run.stuck`` set);
+        returns ``"report"`` (keep waiting), ``"interrupt"`` (the default),
+        ``"restart"`` (stop waiting; the caller restarts the world) or ``"wait"`` (not a
+        hang: keep waiting until the deadline).
 
     Returns
     -------
@@ -253,7 +272,7 @@ def execute(
     idle: set[int] = set()
     running = set(procs)
     deadline = t0 + timeout if timeout else None
-    grace_until: float | None = None
+    failed_at: list[float] = []
 
     def finish(rank: int) -> None:
         running.discard(rank)
@@ -308,14 +327,24 @@ def execute(
             idle.add(rank)
         if rank in running and rank in replied and rank in idle:
             finish(rank)
+            if not failed_at:
+                failed_at.append(time.monotonic())
 
-    def wait_step(until: float | None) -> bool:
-        """Handle events until ``until``; False once nothing is left to wait for."""
+    def wait_step(until: float | None, watch: bool = False) -> str | None:
+        """Handle events until ``until`` (-> "deadline"), or, with ``watch``, until the
+        processes still running outlive a failed one by ``grace`` (-> "failure"); None
+        once nothing is left to wait for."""
         while running:
             now = time.monotonic()
+            hang_at = failed_at[0] + grace if (watch and failed_at and grace is not None) else None
             limits = [
                 t
-                for t in (until, out["stdout"].next_deadline(), out["stderr"].next_deadline())
+                for t in (
+                    until,
+                    hang_at,
+                    out["stdout"].next_deadline(),
+                    out["stderr"].next_deadline(),
+                )
                 if t
             ]
             wait = max(0.0, min(limits) - now) if limits else 0.5
@@ -324,28 +353,51 @@ def execute(
             except queue.Empty:
                 for c in out.values():
                     c.pump()
-                if until is not None and time.monotonic() >= until:
-                    return True
+                now = time.monotonic()
+                if until is not None and now >= until:
+                    return "deadline"
+                if hang_at is not None and now >= hang_at and running:
+                    return "failure"
                 continue
             handle(rank, kind, payload)
-        return False
+        return None
+
+    def interrupt_running() -> None:
+        if on_interrupt and running:
+            on_interrupt(sorted(running))
+        run.interrupted = cluster.interrupt(sorted(running))
+        wait_step(time.monotonic() + INTERRUPT_GRACE)
 
     try:
         try:
-            if wait_step(deadline):
-                run.timed_out = True
-                run.interrupted = cluster.interrupt(sorted(running))
-                if on_interrupt:
-                    on_interrupt(run.interrupted)
-                grace_until = time.monotonic() + INTERRUPT_GRACE
-                wait_step(grace_until)
+            reason = wait_step(deadline, watch=True)
+            if reason is not None:
+                for c in out.values():
+                    c.flush()
+                failed = any(run.results[r].status in ("error", "dead") for r in procs)
+                if reason == "deadline":
+                    run.hang = "timeout"
+                else:
+                    run.hang = "failure" if failed else "divergence"
+                run.timed_out = reason == "deadline"
+                run.stuck = sorted(running)
+                action = on_hang(run) if on_hang else "interrupt"
+                run.hang_action = action
+                if action == "wait":
+                    # Not a hang after all (e.g. process 0 does extra work): wait on, but
+                    # still honour the deadline.
+                    run.hang = None
+                    run.stuck = []
+                    if wait_step(deadline) is not None:
+                        run.hang, run.timed_out, run.stuck = "timeout", True, sorted(running)
+                        action = run.hang_action = on_hang(run) if on_hang else "interrupt"
+                if action == "report":
+                    wait_step(None)
+                elif action == "interrupt":
+                    interrupt_running()
         except KeyboardInterrupt:
-            run.interrupted = cluster.interrupt(sorted(running))
-            if on_interrupt:
-                on_interrupt(run.interrupted)
-            grace_until = time.monotonic() + INTERRUPT_GRACE
             try:
-                wait_step(grace_until)
+                interrupt_running()
             except KeyboardInterrupt:
                 pass  # a second interrupt: stop waiting, report what we have
             raise_interrupted = True
@@ -385,9 +437,29 @@ def raise_for_run(run: CellRun) -> None:
         The outcome of :func:`execute`.
     """
     failed = [r for r in run.procs if run.results[r].status in ("error", "dead")]
+    if run.hang == "divergence":
+        finished = format_procs(run.by_status("ok"))
+        raise MultihostHang(
+            run,
+            f"{format_procs(run.stuck)} waited inside JAX (a collective) that {finished} never "
+            "entered: the program took different paths on different processes; "
+            f"{format_procs(run.stuck)} were {'interrupted' if run.hang_action == 'interrupt' else 'stopped'}",
+        )
+    if run.hang == "failure":
+        kinds = ", ".join(
+            f"{err.get('ename')} on {format_procs(ranks)}" for ranks, err in group_errors(run)
+        )
+        done = {"interrupt": "interrupted", "restart": "stopped by a world restart"}.get(
+            run.hang_action or "", "left running"
+        )
+        raise MultihostHang(
+            run,
+            f"{kinds}; {format_procs(run.stuck)} kept running (waiting for the failed "
+            f"process, most likely in a collective) and were {done}",
+        )
     if run.timed_out:
         finished = run.by_status("ok")
-        still = [r for r in run.procs if r in run.interrupted]
+        still = run.stuck
         msg = f"cell timed out after {run.seconds:.1f} s; still running: {format_procs(still) if still else 'none'}"
         if finished:
             msg += f"; finished: {format_procs(finished)}"

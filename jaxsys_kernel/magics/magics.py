@@ -194,6 +194,23 @@ class JaxSysMagics(Magics):
         action="store_true",
         help="show rich output from every process, not only the first",
     )
+    @argument(
+        "--grace",
+        type=_positive_float,
+        default=None,
+        help="once a process fails, seconds the others may run on before the cell counts as hung (default 10)",
+    )
+    @argument(
+        "--on-hang",
+        choices=("report", "interrupt", "restart"),
+        default=None,
+        help="what to do with a hung cell (default interrupt)",
+    )
+    @argument(
+        "--force",
+        action="store_true",
+        help="run even though the JAX world is out of step (no collectives!)",
+    )
     @argument("mode", nargs="?", choices=("on", "off"), help="line form only: SPMD mode on or off")
     @line_cell_magic
     def multihost(self, line: str = "", cell: str | None = None):
@@ -205,6 +222,15 @@ class JaxSysMagics(Magics):
         unless ``--all-displays``. If processes raise, the cell fails with one traceback per
         distinct error and the processes that raised it. The stop button interrupts the
         processes and names them. Starts a cluster with the defaults if none is running.
+
+        Hangs are diagnosed, not endured: when the cell passes ``--timeout``, or when some
+        processes failed and the others are still running ``--grace`` seconds later (they
+        are most likely waiting for the failed one in a collective), the hang doctor prints
+        what every process did and the Python stack of each running one, then acts per
+        ``--on-hang``: ``interrupt`` (default), ``restart`` the JAX world, or ``report``
+        and keep waiting. After processes were interrupted inside JAX, cells are refused
+        until ``%jaxsys restart`` (``--force`` overrides), because on CPU the next
+        collective would hang.
 
         With SPMD mode on, every cell runs on all processes; cells starting with ``%%local``
         (or a jaxsys magic such as ``%jaxsys`` or ``%pull``) run in the kernel.
@@ -219,6 +245,9 @@ class JaxSysMagics(Magics):
 
             %%multihost --procs 0,2-3 --timeout 30
             train_step()
+
+            %%multihost --grace 5 --on-hang restart
+            step()
 
             %multihost on
         """
@@ -250,6 +279,9 @@ class JaxSysMagics(Magics):
             timeout=args.timeout,
             collate=not args.no_collate,
             all_displays=args.all_displays,
+            grace=args.grace,
+            on_hang=args.on_hang,
+            force=args.force,
         )
 
     @cell_magic

@@ -49,6 +49,12 @@ class MultihostSession:
         self.cluster: Cluster | None = None
         self.spmd = False
         self.default_timeout: float | None = None
+        # Once a process fails, how long the others may run on before the cell is judged
+        # hung, and what is then done about it.
+        self.default_grace: float = 10.0
+        self.default_on_hang: str = "interrupt"
+        # Why the JAX world cannot be trusted with a collective (None when it can).
+        self.broken: str | None = None
         self.last_summaries: dict[str, dict] = {}
         self.dashboard = None
         self._unsubscribe = None
@@ -97,6 +103,7 @@ class MultihostSession:
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.cluster = cluster
+        self.broken = None
         cluster.start_sync()
         print(
             f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
@@ -127,7 +134,9 @@ class MultihostSession:
     def restart(self) -> float:
         """Restart the whole JAX world. Returns the seconds until it was ready again."""
         cluster = self.require_cluster()
-        return cluster.restart_sync()
+        took = cluster.restart_sync()
+        self.broken = None
+        return took
 
     def show_dashboard(self, max_rate: float = 10.0):
         """A live dashboard: mesh, sharding, cache hits and liveness of every process.
@@ -213,6 +222,9 @@ class MultihostSession:
         timeout: float | None = None,
         collate: bool = True,
         all_displays: bool = False,
+        grace: float | None = None,
+        on_hang: str | None = None,
+        force: bool = False,
     ) -> executor.CellResult | None:
         """Run a cell on the selected processes; raise if any of them failed.
 
@@ -221,18 +233,73 @@ class MultihostSession:
         CellResult or None
             The cell's value, for the kernel to display.
         """
+        import time
+
+        from . import doctor
+
         cluster = self.ensure_cluster()
         ranks = self.parse_procs(procs)
-        if timeout is None:
-            timeout = self.default_timeout
+        timeout = self.default_timeout if timeout is None else timeout
+        grace = self.default_grace if grace is None else grace
+        on_hang = on_hang or self.default_on_hang
         if timeout is not None and timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {timeout:g}")
+        if grace <= 0:
+            raise UsageError(f"--grace must be positive, got {grace:g}")
+        if on_hang not in ON_HANG:
+            raise UsageError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {on_hang!r}")
+        if self.broken and not force:
+            raise UsageError(doctor.world_broken_message(self.broken))
+        judged = []
 
-        def warn(ranks: list[int]) -> None:
-            if ranks:
+        def hang(run: executor.CellRun) -> str:
+            stuck = format_procs(run.stuck)
+            stacks = doctor.dump_stacks(cluster, run.stuck)
+            if run.hang == "divergence":
+                frames = [doctor.main_stack(stacks.get(r, "")) for r in run.stuck]
+                if not all(f and doctor.waits_in_jax(f) for f in frames):
+                    return "wait"  # extra work on some processes, not a stuck collective
+            judged.append(run)
+            if run.hang == "timeout":
+                why = f"the cell passed its timeout of {timeout:g} s; {stuck} still running"
+            elif run.hang == "divergence":
+                done = format_procs(run.by_status("ok"))
+                why = (
+                    f"{done} finished, but {stuck} still wait inside JAX {grace:g} s later: "
+                    "the processes took different paths"
+                )
+            else:
+                failed = format_procs(
+                    [r for r in run.procs if run.results[r].status in ("error", "dead")]
+                )
+                why = f"{failed} failed and {stuck} kept running for {grace:g} s more"
+            text, in_jax = doctor.report(run, stacks, why)
+            print(text, file=sys.stderr)
+            if on_hang == "interrupt":
+                print(f"jaxsys: interrupting {stuck}", file=sys.stderr)
+                if in_jax:
+                    self.broken = f"{stuck} interrupted inside JAX at {time.strftime('%H:%M:%S')}"
+            elif on_hang == "restart":
+                print("jaxsys: restarting the JAX world", file=sys.stderr)
+            else:
                 print(
-                    f"jaxsys: sent SIGINT to {format_procs(ranks)}. If they were inside a "
-                    "collective, the JAX world is now out of step: run %jaxsys restart.",
+                    "jaxsys: still waiting (--on-hang report); press stop to interrupt",
+                    file=sys.stderr,
+                )
+            return on_hang
+
+        def interrupting(ranks: list[int]) -> None:
+            if judged:
+                return  # the hang doctor has already looked at them
+            stacks = doctor.dump_stacks(cluster, ranks, timeout=1.0)
+            frames = [doctor.main_stack(stacks.get(r, "")) for r in ranks]
+            if any(not f or doctor.waits_in_jax(f) for f in frames):
+                self.broken = (
+                    f"{format_procs(ranks)} interrupted inside JAX at {time.strftime('%H:%M:%S')}"
+                )
+                print(
+                    f"jaxsys: interrupting {format_procs(ranks)} while they wait inside JAX; "
+                    "the JAX world is now out of step: run %jaxsys restart.",
                     file=sys.stderr,
                 )
 
@@ -244,9 +311,14 @@ class MultihostSession:
             timeout=timeout,
             collate=collate,
             all_displays=all_displays,
-            on_interrupt=warn,
+            on_interrupt=interrupting,
             sink=sink,
+            grace=grace,
+            on_hang=hang,
         )
+        if run.hang_action == "restart":
+            took = self.restart()
+            print(f"jaxsys: JAX world restarted in {took:.1f} s", file=sys.stderr)
         executor.raise_for_run(run)
         return executor.cell_result(run, sink)
 
@@ -360,6 +432,8 @@ class MultihostSession:
         ar = cluster.client[cluster.processes[0].engine_id].apply_async(fn, *args)
         return ar.get(timeout=timeout)
 
+
+ON_HANG = ("report", "interrupt", "restart")
 
 # Cells that start with one of these run in the kernel even in SPMD mode.
 LOCAL_PREFIXES = ("%%local", "%jaxsys", "%multihost", "%%multihost", "%pull", "%load_ext")
