@@ -5,6 +5,7 @@ Every message the tests receive is validated against the protocol schema (harnes
 
 from __future__ import annotations
 
+import datetime
 import re
 import threading
 import time
@@ -242,6 +243,13 @@ def test_rotate_certs_magic(kernel):
     assert "every 10 minutes" in out.stdout
 
 
+def _stamp(date) -> float:
+    # jupyter_client hands dates over parsed or as ISO strings, depending on the path.
+    if isinstance(date, str):
+        date = datetime.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    return date.timestamp()
+
+
 def _widget_states(out) -> list[dict]:
     return [
         m["content"]["data"]["state"]
@@ -297,7 +305,7 @@ def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
     ]
     # The view is refreshed from the telemetry thread, so updates flow while the cell runs.
     assert len(updates) >= 2
-    stamps = [m["header"]["date"].timestamp() for m in updates]
+    stamps = [_stamp(m["header"]["date"]) for m in updates]
     assert min(stamps) < t0 + 2.5
     busy = [[p["busy"] for p in m["content"]["data"]["state"]["liveness"]] for m in updates]
     assert [True, True] in busy
