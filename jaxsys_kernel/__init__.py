@@ -11,9 +11,39 @@ __all__ = [
     "ClusterError",
     "ClusterStartError",
     "__version__",
+    "live_devices",
     "load_ipython_extension",
     "show",
 ]
+
+
+def live_devices(devices=None):
+    """The devices whose processes are alive, as a context manager (inside ``%%multihost``).
+
+    A thin wrapper of ``jax.experimental.multihost_utils.live_devices`` for clusters that
+    run with recoverability (the jaxsys default). Every process must enter it the same
+    number of times: entering yields the live set agreed at the previous exit, and exiting
+    is a barrier among the live processes that raises ``ProcessFailureError`` (with
+    ``failed_devices``) when a process died during the block.
+
+    Parameters
+    ----------
+    devices : list of jax.Device, optional
+        The devices to watch; all of them by default.
+
+    Examples
+    --------
+    ::
+
+        %%multihost
+        import jaxsys_kernel
+        with jaxsys_kernel.live_devices() as devices:
+            mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.live_devices(jax.devices() if devices is None else devices)
 
 
 def show(x):

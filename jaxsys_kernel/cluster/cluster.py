@@ -127,7 +127,12 @@ class Cluster:
     process_env : mapping of int to mapping, optional
         Extra environment variables for single processes, by rank.
     heartbeat_timeout : float, optional
-        JAX's heartbeat timeout in seconds.
+        Seconds without heartbeats after which JAX declares a process dead (default 10;
+        JAX's own default is 100).
+    recoverable : bool
+        Run JAX with ``jax_enable_recoverability``: when a process dies the others keep
+        running (``live_devices`` tells them who is left) and a restarted process can
+        rejoin. Without it, one death takes every process down.
     progress : callable, optional
         Called with a :class:`ProgressEvent` for every step of a long wait, on the thread
         that called the method. Defaults to a progress bar on stderr.
@@ -169,7 +174,8 @@ class Cluster:
         init_timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
         process_env: Mapping[int, Mapping[str, str]] | None = None,
-        heartbeat_timeout: float | None = None,
+        heartbeat_timeout: float | None = 10.0,
+        recoverable: bool = True,
         progress: Callable[[ProgressEvent], None] | None = None,
         secure: bool = True,
         ca_file: str | None = None,
@@ -206,6 +212,7 @@ class Cluster:
             if not 0 <= rank < self.nprocs:
                 raise ValueError(f"process_env names process {rank}, outside 0-{self.nprocs - 1}")
         self.heartbeat_timeout = heartbeat_timeout
+        self.recoverable = recoverable
         if (ca_file is None) != (cert_dir is None):
             raise ValueError("give both ca_file and cert_dir to bring your own certificates")
         if not secure and ca_file is not None:
@@ -238,6 +245,7 @@ class Cluster:
         self._loop_thread: threading.Thread | None = None
         self._engine_sets: dict[int, str] = {}
         self._early_coordinator: str | None = None
+        self._rank_restarts: dict[int, int] = {}
         self._incarnation = 0
         _live_clusters.add(self)
 
@@ -408,8 +416,119 @@ class Cluster:
             return
         alive = set(self.client.ids)
         for p in self.processes:
-            if p.state == "ready" and p.engine_id not in alive:
+            if p.state != "ready":
+                continue
+            # A local process is checked directly: the hub notices only after heartbeats.
+            gone = p.engine_id not in alive or (
+                self.launcher == "local" and p.pid is not None and not _pid_alive(p.pid)
+            )
+            if gone:
                 p.state = "dead"
+
+    def kill_process(self, rank: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> float:
+        """Send a signal to one process and, for fatal signals, wait until it is gone.
+
+        Parameters
+        ----------
+        rank : int
+            The process.
+        sig : int
+            SIGKILL (default), SIGTERM or SIGINT.
+        timeout : float
+            Seconds to wait for the process to exit.
+
+        Returns
+        -------
+        float
+            Seconds until the process was gone (or until the signal was sent, for SIGINT).
+        """
+        self._require_ready()
+        if not 0 <= rank < self.nprocs:
+            raise ClusterError(f"there is no process {rank}; this cluster has 0-{self.nprocs - 1}")
+        t0 = time.perf_counter()
+        p = self.processes[rank]
+        if p.state == "dead":
+            raise ClusterError(f"process {rank} is already dead")
+        self.interrupt([rank], sig=sig)
+        if sig == signal.SIGINT:
+            return time.perf_counter() - t0
+        if self.launcher == "local" and p.pid:
+            deadline = time.monotonic() + timeout
+            while _pid_alive(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if _pid_alive(p.pid):
+                raise ClusterError(
+                    f"process {rank} (pid {p.pid}) is still alive {timeout:g} s after "
+                    f"{signal.Signals(sig).name}; JAX processes ignore SIGTERM: use SIGKILL"
+                )
+        p.state = "dead"
+        return time.perf_counter() - t0
+
+    async def restart_process(self, rank: int) -> float:
+        """Replace one dead (or live) process and let it rejoin the running JAX world.
+
+        Needs a recoverable cluster (the default) and the local launcher. Process 0 hosts
+        JAX's coordination service, and on CPU it cannot rejoin: restart the world instead.
+        After a rejoin, collectives must use a device set that was never used before
+        (on CPU, gloo keeps communicators of the old incarnation for the old sets).
+
+        Returns
+        -------
+        float
+            Seconds until the new process had joined.
+        """
+        return await self._run_async(self._restart_process(rank))
+
+    def restart_process_sync(self, rank: int) -> float:
+        """Blocking twin of :meth:`restart_process`."""
+        return self._run_sync(self._restart_process(rank))
+
+    async def _restart_process(self, rank: int) -> float:
+        self._require_ready()
+        if not 0 <= rank < self.nprocs:
+            raise ClusterError(f"there is no process {rank}; this cluster has 0-{self.nprocs - 1}")
+        if rank == 0:
+            raise ClusterError(
+                "process 0 hosts JAX's coordination service and cannot rejoin it on CPU: "
+                "restart the whole world (%jaxsys restart)"
+            )
+        if not self.recoverable:
+            raise ClusterError(
+                "this cluster runs without recoverability, so a single process cannot rejoin: "
+                "restart the whole world"
+            )
+        if self.launcher != "local":
+            raise ClusterError("restarting a single process needs the local launcher")
+        t0 = time.perf_counter()
+        p = self.processes[rank]
+        if p.pid and _pid_alive(p.pid):
+            _killpg_all([p.pid, *_launcher_pids(self._engine_launcher(rank))])
+            await asyncio.to_thread(_wait_gone, [p.pid], 5.0)
+        p.state = "restarting"
+        self._unregister({p.engine_id} & set(self.client.ids))
+        deadline = time.monotonic() + 5.0
+        while p.engine_id in set(self.client.ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self._ipp.engines.pop(self._engine_sets.get(rank), None)
+        self._rank_restarts[rank] = self._rank_restarts.get(rank, 0) + 1
+        old_uuids = self._engine_uuids()
+        await self._launch_rank(rank, f"p{rank}-i{self._incarnation}-r{self._rank_restarts[rank]}")
+        (eid,) = await self._wait_registered(
+            time.monotonic() + self.register_timeout, old_uuids, n=1
+        )
+        info = (await self._identify([eid], expected=[rank]))[rank]
+        self.processes[rank] = ProcessInfo(
+            rank=rank,
+            engine_id=eid,
+            pid=info["pid"],
+            host=info["host"],
+            address=info["address"],
+            nanny_pid=info["nanny_pid"],
+        )
+        await self._init_jax(self.init_timeout + 5, ranks=[rank])
+        self.view = self.client[[q.engine_id for q in self.processes]]
+        self.view.block = True
+        return time.perf_counter() - t0
 
     def interrupt(self, ranks: Sequence[int] | None = None, sig: int = signal.SIGINT) -> list[int]:
         """Send a signal (SIGINT by default) to the given processes.
@@ -529,6 +648,8 @@ class Cluster:
             env["JAXSYS_COORDINATOR"] = self._early_coordinator
         if self.heartbeat_timeout is not None:
             env["JAXSYS_HEARTBEAT_TIMEOUT"] = f"{self.heartbeat_timeout:g}"
+        if self.recoverable:
+            env["JAX_ENABLE_RECOVERABILITY"] = "1"
         if self.launcher != "local":
             # Remote launchers start engines from a shell, not from this process.
             env.pop("JAXSYS_PARENT_PID")
@@ -597,30 +718,7 @@ class Cluster:
         tag = f"i{self._incarnation}"
         if self.launcher in ("local", "ssh"):
             for rank in self.ranks:
-                set_id = f"p{rank}-{tag}"
-                # Ask the hub for engine id == rank, so that process i is engine i.
-                kwargs: dict[str, Any] = {
-                    "environment": self._engine_env(rank),
-                    "engine_args": [
-                        f"--IPEngine.id={rank}",
-                        *self._nanny_args(),
-                        # Engines start alongside the controller and wait for its file.
-                        f"--IPEngine.wait_for_url_file={self.register_timeout:g}",
-                    ],
-                }
-                if self.launcher == "local":
-                    kwargs["engine_args"].append(f"--IPEngine.url_file={self._engine_file()}")
-                if self.launcher == "ssh":
-                    kwargs["engines"] = {self.host_names[rank]: 1}
-                elif rank in self.process_prefix:
-                    kwargs["engine_cmd"] = [
-                        *self.process_prefix[rank],
-                        sys.executable,
-                        "-m",
-                        "ipyparallel.engine",
-                    ]
-                await ipp_cluster.start_engines(n=1, engine_set_id=set_id, **kwargs)
-                self._engine_sets[rank] = set_id
+                await self._launch_rank(rank, f"p{rank}-{tag}")
         else:
             # MPI and Slurm start every rank in one job; the rank comes from their env.
             env = self._engine_env(0)
@@ -628,6 +726,32 @@ class Cluster:
             set_id = f"all-{tag}"
             await ipp_cluster.start_engines(n=self.nprocs, engine_set_id=set_id, environment=env)
             self._engine_sets = dict.fromkeys(self.ranks, set_id)
+
+    async def _launch_rank(self, rank: int, set_id: str) -> None:
+        """Start the engine of one rank (one engine set), with its own environment."""
+        # Ask the hub for engine id == rank, so that process i is engine i.
+        kwargs: dict[str, Any] = {
+            "environment": self._engine_env(rank),
+            "engine_args": [
+                f"--IPEngine.id={rank}",
+                *self._nanny_args(),
+                # Engines start alongside the controller and wait for its file.
+                f"--IPEngine.wait_for_url_file={self.register_timeout:g}",
+            ],
+        }
+        if self.launcher == "local":
+            kwargs["engine_args"].append(f"--IPEngine.url_file={self._engine_file()}")
+        if self.launcher == "ssh":
+            kwargs["engines"] = {self.host_names[rank]: 1}
+        elif rank in self.process_prefix:
+            kwargs["engine_cmd"] = [
+                *self.process_prefix[rank],
+                sys.executable,
+                "-m",
+                "ipyparallel.engine",
+            ]
+        await self._ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
+        self._engine_sets[rank] = set_id
 
     def _make_pki(self):
         from .pki import ClusterPKI
@@ -779,9 +903,11 @@ class Cluster:
     def _engine_uuids(self) -> set[str]:
         return set(self.client._engines.values())
 
-    async def _wait_registered(self, deadline: float, exclude: set[str]) -> list[int]:
-        """Wait for ``nprocs`` engines whose uuids are not in ``exclude``; return their ids."""
-        n = self.nprocs
+    async def _wait_registered(
+        self, deadline: float, exclude: set[str], n: int | None = None
+    ) -> list[int]:
+        """Wait for ``n`` (all) engines whose uuids are not in ``exclude``; return their ids."""
+        n = self.nprocs if n is None else n
         last = -1
         while True:
             # A restarted rank may get its old engine id back; only the uuid is new.
@@ -809,7 +935,9 @@ class Cluster:
                 )
             await asyncio.sleep(0.05)
 
-    async def _identify(self, engine_ids: list[int]) -> dict[int, dict]:
+    async def _identify(
+        self, engine_ids: list[int], expected: Sequence[int] | None = None
+    ) -> dict[int, dict]:
         ar = self.client[engine_ids].apply_async(bootstrap.describe_process)
         infos = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=30)
         by_rank: dict[int, dict] = {}
@@ -821,13 +949,14 @@ class Cluster:
                     f"{by_rank[info['rank']]['engine_id']} and {eid}"
                 )
             by_rank[info["rank"]] = info
-        missing = sorted(set(self.ranks) - set(by_rank))
+        missing = sorted(set(self.ranks if expected is None else expected) - set(by_rank))
         if missing:
             raise ClusterStartError(f"no engine reported rank(s) {missing}")
         return by_rank
 
-    async def _init_jax(self, deadline_s: float) -> None:
+    async def _init_jax(self, deadline_s: float, ranks: Sequence[int] | None = None) -> None:
         n = self.nprocs
+        ranks = self.ranks if ranks is None else list(ranks)
         p0 = self.processes[0]
         if self._early_coordinator:
             self.coordinator_address = bind = self._early_coordinator
@@ -845,7 +974,7 @@ class Cluster:
                 timeout=self.init_timeout,
                 heartbeat_timeout=self.heartbeat_timeout,
             )
-            for p in self.processes
+            for p in (self.processes[r] for r in ranks)
         }
         deadline = time.monotonic() + deadline_s
         last = -1
@@ -855,12 +984,12 @@ class Cluster:
             errors = {r: ars[r].exception() for r in done if ars[r].exception() is not None}
             ok = [r for r in done if r not in errors]
             if len(ok) != last:
-                self._report("processes initialised", len(ok), n)
+                self._report("processes initialised", len(ok), len(ranks))
                 last = len(ok)
-            if len(ok) == n:
+            if len(ok) == len(ranks):
                 break
             if first_error_at is None and (
-                errors or any(self._launcher_failure(r) for r in self.ranks if r not in done)
+                errors or any(self._launcher_failure(r) for r in ranks if r not in done)
             ):
                 first_error_at = time.monotonic()
             # Once one process has failed the others can only wait for it: give their
@@ -869,7 +998,7 @@ class Cluster:
                 time.monotonic() > deadline
             ):
                 lines = []
-                for r in self.ranks:
+                for r in ranks:
                     if r in errors:
                         lines.append(f"process {r} raised {_short_error(errors[r])}")
                     elif r in ok:
@@ -886,7 +1015,7 @@ class Cluster:
                 )
                 raise ClusterStartError(head + ":\n" + "\n".join(lines))
             await asyncio.sleep(0.05)
-        for r in self.ranks:
+        for r in ranks:
             result = ars[r].get()
             p = self.processes[r]
             p.devices = result["local_devices"]
@@ -1012,6 +1141,21 @@ def _quiet_curve_signing_warning() -> None:
     logger = get_logger()
     if _curve_filter not in logger.filters:
         logger.addFilter(_curve_filter)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - psutil races with the exit; alive is the safe answer
+        return True
 
 
 def _short_error(exc: BaseException) -> str:

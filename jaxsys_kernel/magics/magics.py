@@ -15,6 +15,7 @@ JAXSYS_ACTIONS = (
     "start",
     "stop",
     "restart",
+    "kill",
     "status",
     "dashboard",
     "security",
@@ -31,6 +32,13 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise UsageError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+def _rank(text: str) -> int:
+    try:
+        return int(text.removeprefix("p"))
+    except ValueError:
+        raise UsageError(f"expected a process number such as 2, got {text!r}") from None
 
 
 def format_status(rows: list[dict]) -> str:
@@ -65,7 +73,14 @@ class JaxSysMagics(Magics):
 
     @magic_arguments()
     @argument("action", choices=JAXSYS_ACTIONS, help="what to do with the cluster")
-    @argument("name", nargs="?", help="for inspect: the name to look up on process 0")
+    @argument("name", nargs="?", help="kill/restart: the process; inspect: the name to look up")
+    @argument("--signal", choices=("KILL", "TERM", "INT"), default="KILL", help="for kill")
+    @argument(
+        "--heartbeat",
+        type=float,
+        default=None,
+        help="seconds without heartbeats before JAX declares a process dead (default 10)",
+    )
     @argument(
         "--hosts", type=str, default=None, help="number of processes, or host1,host2,... for ssh"
     )
@@ -99,7 +114,11 @@ class JaxSysMagics(Magics):
         live dashboard: the last mesh and sharding displayed, compilation-cache hits and the
         liveness of every process, updated while cells run.
         ``restart`` replaces every process and re-initialises JAX (the way to recover
-        from a hang or a broken collective on CPU). ``status`` lists process, engine, pid,
+        from a hang or a broken collective on CPU); ``restart P`` replaces only process P,
+        which rejoins the running world. ``kill P [--signal KILL|TERM|INT]`` injects a
+        fault. Clusters run with JAX's recoverability on and a heartbeat timeout of
+        ``--heartbeat`` seconds (default 10), so the survivors of a death keep running.
+        ``status`` lists process, engine, pid,
         host, devices and state. ``stop`` kills every process of the cluster.
 
         Examples
@@ -111,6 +130,8 @@ class JaxSysMagics(Magics):
             %jaxsys dashboard
             %jaxsys security
             %jaxsys restart
+            %jaxsys kill 2
+            %jaxsys restart 2
             %jaxsys stop
         """
         args = parse_argstring(self.jaxsys, line)
@@ -133,6 +154,7 @@ class JaxSysMagics(Magics):
                 secure=not args.insecure,
                 ca_file=args.ca_file,
                 cert_dir=args.cert_dir,
+                **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
             )
         elif args.action == "stop":
             took = s.stop()
@@ -141,12 +163,22 @@ class JaxSysMagics(Magics):
                 if took is None
                 else f"jaxsys: cluster stopped in {took:.2f} s"
             )
+        elif args.action == "restart" and args.name is not None:
+            rank = _rank(args.name)
+            took = s.restart_process(rank)
+            print(f"jaxsys: process {rank} restarted and rejoined the JAX world in {took:.1f} s")
         elif args.action == "restart":
             took = s.restart()
             c = s.cluster
             print(
                 f"jaxsys: restarted all {c.nprocs} processes; JAX world ready again in {took:.1f} s"
             )
+        elif args.action == "kill":
+            if args.name is None:
+                raise UsageError("%jaxsys kill needs a process, e.g. %jaxsys kill 2")
+            rank = _rank(args.name)
+            took = s.kill_process(rank, args.signal)
+            print(s.kill_message(rank, args.signal, took))
         elif args.action == "status":
             print(format_status(s.status_rows()))
             print(f"security: {s.cluster.security}")

@@ -138,6 +138,42 @@ class MultihostSession:
         self.broken = None
         return took
 
+    def kill_process(self, rank: int, signal_name: str = "KILL") -> float:
+        """Send SIGKILL/SIGTERM/SIGINT to one process; returns the seconds it took."""
+        import signal
+
+        from ..cluster import ClusterError
+
+        cluster = self.require_cluster()
+        try:
+            return cluster.kill_process(rank, getattr(signal, f"SIG{signal_name}"))
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+
+    def kill_message(self, rank: int, signal_name: str, took: float) -> str:
+        """What a kill did, and what the survivors will see."""
+        cluster = self.require_cluster()
+        if signal_name == "INT":
+            return f"jaxsys: sent SIGINT to process {rank}"
+        head = f"jaxsys: process {rank} killed with SIG{signal_name}; gone after {took:.2f} s."
+        if cluster.recoverable:
+            return (
+                f"{head} The others keep running: JAX declares it dead after "
+                f"{cluster.heartbeat_timeout:g} s without heartbeats, and live_devices then "
+                f"leaves out its devices. %jaxsys restart {rank} brings it back."
+            )
+        return f"{head} Without recoverability the others will stop too: %jaxsys restart."
+
+    def restart_process(self, rank: int) -> float:
+        """Replace one process, which rejoins the running JAX world."""
+        from ..cluster import ClusterError
+
+        cluster = self.require_cluster()
+        try:
+            return cluster.restart_process_sync(rank)
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+
     def show_dashboard(self, max_rate: float = 10.0):
         """A live dashboard: mesh, sharding, cache hits and liveness of every process.
 
