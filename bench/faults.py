@@ -1,0 +1,170 @@
+"""How fast faults are seen and recovered from, on a real 4-process cluster.
+
+What is measured, in one run
+----------------------------
+1. **Kill -> shown dead.** A process is SIGKILLed from outside (``os.kill``, not through
+   jaxsys), and the time until the cluster's view marks it dead (what ``%jaxsys status`` and
+   the live-devices view show) is taken, alongside the time until the surviving processes'
+   ``live_devices`` barrier leaves its devices out. Target: <= heartbeat + 1 s.
+2. **Hang -> reported.** A cell where one process raises before a collective that the others
+   enter; the time from the failure to the hang doctor's report. The deadline here is the
+   grace period (``--grace``). Target: <= grace + 2 s.
+3. **World restart -> ready** against a cold start of the same cluster. Target: <= 1.5x.
+
+Usage: ``python bench/faults.py [--quick]`` (``--quick``: one round of each instead of 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxsys_kernel import Cluster  # noqa: E402
+from jaxsys_kernel.magics import executor  # noqa: E402
+from jaxsys_kernel.magics.session import MultihostSession  # noqa: E402
+
+HOSTS = 4
+HEARTBEAT = 2.0
+GRACE = 2.0
+WAIT_LIMIT = 30.0
+
+
+class Quiet(executor.Sink):
+    def stdout(self, text):
+        self.text = getattr(self, "text", "") + text
+
+    stderr = stdout
+
+
+def kill_to_dead(cluster: Cluster) -> tuple[float, float]:
+    """Seconds until the cluster shows process 3 dead, and until JAX's survivors do."""
+    victim = cluster.processes[HOSTS - 1]
+    run = executor.execute(
+        cluster,
+        "import jax, jaxsys_kernel\nwith jaxsys_kernel.live_devices() as d: pass",
+        sink=Quiet(),
+    )
+    executor.raise_for_run(run)
+    t0 = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    deadline = t0 + WAIT_LIMIT
+    while time.monotonic() < deadline:
+        cluster.refresh_states()
+        if victim.state == "dead":
+            break
+        time.sleep(0.005)
+    shown = time.monotonic() - t0
+    survivors = list(range(HOSTS - 1))
+    sink = Quiet()
+    run = executor.execute(
+        cluster,
+        "import time\n"
+        "from jax.experimental import multihost_utils as mu\n"
+        "while True:\n"
+        "    try:\n"
+        "        with jaxsys_kernel.live_devices() as d:\n"
+        "            pass\n"
+        "    except mu.ProcessFailureError:\n"
+        "        break\n"
+        "    if len(d) < jax.device_count():\n"
+        "        break\n"
+        "print(time.time())\n",
+        survivors,
+        sink=sink,
+        timeout=WAIT_LIMIT,
+    )
+    executor.raise_for_run(run)
+    seen_at = max(float(line.split()[-1]) for line in sink.text.splitlines())
+    killed_at = time.time() - (time.monotonic() - t0)  # the kill's moment on the wall clock
+    return shown, seen_at - killed_at
+
+
+def hang_to_report(session: MultihostSession) -> float:
+    """Seconds from a process's failure to the hang doctor's report."""
+    code = (
+        "import time, jax, numpy as np\n"
+        "from jax.experimental import multihost_utils\n"
+        "if jax.process_index() == 1:\n"
+        "    print('failing at', time.time())\n"
+        "    raise ValueError('fails before the collective')\n"
+        "multihost_utils.process_allgather(np.ones(3))\n"
+    )
+    out = io.StringIO()
+    reported_at = None
+
+    class Timed(io.StringIO):
+        def write(self, s):
+            nonlocal reported_at
+            if reported_at is None and "hang doctor" in s:
+                reported_at = time.time()
+            return super().write(s)
+
+    timed = Timed()
+    with contextlib.redirect_stderr(timed), contextlib.redirect_stdout(out):
+        try:
+            session.run_cell(code, grace=GRACE)
+        except Exception:  # noqa: BLE001 - the cell is meant to fail
+            pass
+    failed_at = float(
+        next(ln for ln in out.getvalue().splitlines() if "failing at" in ln).split()[-1]
+    )
+    session.restart()
+    return reported_at - failed_at
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    rounds = 1 if args.quick else 3
+    shown, seen, reported, restarts, colds = [], [], [], [], []
+    session = MultihostSession()
+    for _ in range(rounds):
+        cold = Cluster(
+            hosts=HOSTS, devices_per_host=1, heartbeat_timeout=HEARTBEAT, progress=lambda e: None
+        )
+        t0 = time.perf_counter()
+        cold.start_sync()
+        colds.append(time.perf_counter() - t0)
+        try:
+            a, b = kill_to_dead(cold)
+            shown.append(a)
+            seen.append(b)
+            restarts.append(cold.restart_sync())
+            session.cluster = cold
+            reported.append(hang_to_report(session))
+        finally:
+            cold.kill()
+    med = statistics.median
+    print(f"{'measure':38} {'median s':>9}  runs")
+    print(
+        f"{'kill -> shown dead (cluster view)':38} {med(shown):9.3f}  {' '.join(f'{x:.3f}' for x in shown)}"
+    )
+    print(
+        f"{'kill -> survivors drop its devices':38} {med(seen):9.3f}  {' '.join(f'{x:.2f}' for x in seen)}"
+    )
+    print(
+        f"{'failure -> hang reported':38} {med(reported):9.3f}  {' '.join(f'{x:.2f}' for x in reported)}"
+    )
+    print(f"{'cold start':38} {med(colds):9.3f}  {' '.join(f'{x:.2f}' for x in colds)}")
+    print(f"{'world restart':38} {med(restarts):9.3f}  {' '.join(f'{x:.2f}' for x in restarts)}")
+    print()
+    print(
+        f"faults: kill->dead {med(shown):.2f} s (JAX survivors {med(seen):.1f} s; target <= "
+        f"{HEARTBEAT + 1:g} s), hang->reported {med(reported):.1f} s (target <= {GRACE + 2:g} s), "
+        f"restart/cold {med(restarts) / med(colds):.2f} (target <= 1.5)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
