@@ -13,6 +13,12 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 # Lines a notebook's outputs must contain: proof that it shows what its prose says.
 EXPECTED = {
+    "01-meshes-and-shardings.ipynb": [
+        "assembled correctly: True",
+        "[496.0, 496.0, 496.0, 496.0, 496.0]",
+        "same devices in the same places as `mesh`: True",
+        "learned w: [ 2.  -1.   0.5  3. ]",
+    ],
     "00-quickstart.ipynb": [
         "[p0-3] local devices: 2, devices in the world: 8",
         "[p0-3] sum: 48.0 mean: 1.5",

@@ -172,3 +172,13 @@ def test_stale_profiles_are_removed(tmp_path):
     assert mine.exists() and (mine / "ipengine_config.py").exists()
     assert oct(mine.stat().st_mode & 0o777) == "0o700"
     assert remove_stale_profiles(tmp_path) == []
+
+
+def test_gloo_chatter_is_dropped_even_when_split():
+    from jaxsys_kernel.magics.executor import NATIVE_NOISE
+
+    assert NATIVE_NOISE.match(
+        "[Gloo] Rank 1 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7"
+    )
+    assert NATIVE_NOISE.match("1 peer ranks. Expected number of connected peer ranks is : 1")
+    assert not NATIVE_NOISE.match("loss 0.25")

@@ -124,9 +124,10 @@ def mesh_info(mesh: Any) -> dict:
         "process": procs,
         # A column of all-None says nothing; drop it so the view can test for presence.
         "coords": coords if any(c is not None for c in coords) else None,
+        # One slice is no hybrid mesh (every CPU device reports slice 0): draw it plainly.
         "slice_index": (
             [None if s is None else int(s) for s in slices]
-            if any(s is not None for s in slices)
+            if len({s for s in slices if s is not None}) > 1
             else None
         ),
         "processes": sorted(set(procs)),
