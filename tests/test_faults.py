@@ -79,3 +79,52 @@ def test_process_zero_cannot_rejoin_on_cpu(k):
 def test_kill_misuse(k, line, fragment):
     out = k.execute(line)
     assert out.status == "error" and fragment in out.error["evalue"]
+
+
+def _send_custom(k, comm_id: str, content: dict) -> None:
+    msg = k.kc.session.msg(
+        "comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": content}}
+    )
+    k.kc.shell_channel.send(msg)
+
+
+def test_dashboard_controls_work_while_a_cell_blocks(k):
+    out = k.ok("%jaxsys dashboard")
+    (live,) = [
+        m["content"]["comm_id"]
+        for m in out.messages
+        if m["msg_type"] == "comm_open"
+        and m["content"]["data"]["state"].get("_view_kind") == "live"
+    ]
+    cell = k.kc.execute("%%multihost --procs 0,1\nimport time\ntime.sleep(20)")
+    t0 = time.monotonic()
+    time.sleep(1.0)
+    _send_custom(k, live, {"action": "kill", "rank": 2})
+    statuses: list[tuple[float, str]] = []
+    idle_at = None
+    stopped = False
+    deadline = time.monotonic() + 30
+    while idle_at is None and time.monotonic() < deadline:
+        msg = k.kc.get_iopub_msg(timeout=10)
+        state = (
+            msg["content"].get("data", {}).get("state", {}) if msg["msg_type"] == "comm_msg" else {}
+        )
+        if state.get("control_status"):
+            statuses.append((time.monotonic() - t0, state["control_status"]))
+            if "killed" in state["control_status"] and not stopped:
+                _send_custom(k, live, {"action": "stop", "rank": None})
+                stopped = True
+        if (
+            msg["msg_type"] == "status"
+            and msg["parent_header"].get("msg_id") == cell
+            and msg["content"]["execution_state"] == "idle"
+        ):
+            idle_at = time.monotonic() - t0
+    reply = k._shell_reply(cell)
+    killed = [t for t, s in statuses if s.startswith("p2 killed")]
+    # The kill was carried out while the cell was still blocked, and stop ended the cell.
+    assert killed and idle_at is not None and killed[0] < idle_at < 15
+    assert (
+        reply["content"]["status"] == "error" and reply["content"]["ename"] == "MultihostInterrupt"
+    )
+    k.ok("%jaxsys restart 2", timeout=120)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 from ipykernel.ipkernel import IPythonKernel
 
 from .._version import __version__
@@ -23,6 +25,31 @@ class JaxSysKernel(IPythonKernel):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.jaxsys = register_magics(self.shell)
+        self.jaxsys.control_subshell = self.control_subshell
+        self._control_subshell: str | None = None
+
+    def control_subshell(self) -> str | None:
+        """The id of a subshell that serves widget controls while a cell blocks the shell.
+
+        Created on first use (on the shell-channel thread, as ipykernel requires); None
+        when this ipykernel has no subshells.
+        """
+        if self._control_subshell is not None:
+            return self._control_subshell
+        thread = getattr(self, "shell_channel_thread", None)
+        if not getattr(self, "_supports_kernel_subshells", False) or thread is None:
+            return None
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def create() -> None:
+            try:
+                fut.set_result(thread.manager._create_subshell())
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+
+        thread.io_loop.add_callback(create)
+        self._control_subshell = fut.result(timeout=10)
+        return self._control_subshell
 
     async def do_shutdown(self, restart):
         """Kill the cluster, then shut down as IPython does."""

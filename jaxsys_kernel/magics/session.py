@@ -58,6 +58,8 @@ class MultihostSession:
         self.last_summaries: dict[str, dict] = {}
         self.dashboard = None
         self._unsubscribe = None
+        # Set by the kernel: returns a subshell id for widget controls (None without one).
+        self.control_subshell = lambda: None
 
     # -- cluster lifecycle ------------------------------------------------------------------
 
@@ -214,9 +216,66 @@ class MultihostSession:
             )
 
         refresh(hub)
+        self._attach_controls(dash.live)
         self.dashboard = dash
         self._unsubscribe = hub.subscribe(refresh, max_rate=max_rate)
         return dash
+
+    def _attach_controls(self, view) -> None:
+        """Serve the view's buttons on a subshell, so they work while a cell blocks."""
+        subshell = self.control_subshell()
+        if subshell is None:
+            return
+        view.on_control(lambda action, rank: self.control(view, action, rank))
+        # ipykernel routes a comm's incoming messages by this hook; pinning it keeps the
+        # clicks on the subshell even though updates are published from other threads.
+        view.comm._reply_subshell_for = lambda data, default: subshell
+
+    def control(self, view, action: str, rank: int | None) -> None:
+        """Carry out a control button's action (runs on the control subshell)."""
+        import os
+        import signal
+        import time
+
+        from . import doctor
+
+        cluster = self.cluster
+        stamp = time.strftime("%H:%M:%S")
+
+        def say(text: str) -> None:
+            view.control_status = text
+            view.update(append=[f"{stamp} {text}"])
+
+        try:
+            if cluster is None or cluster.state != "ready":
+                say("no cluster is running")
+            elif action == "stop":
+                # The cell waits in the main thread: interrupt it as the stop button would.
+                os.kill(os.getpid(), signal.SIGINT)
+                say("stop: interrupting the running cell")
+            elif action == "stacks":
+                ranks = cluster.ranks if rank is None else [int(rank)]
+                stacks = doctor.dump_stacks(cluster, ranks)
+                for r in ranks:
+                    frames = doctor.annotate(doctor.main_stack(stacks.get(r, "")))
+                    innermost = frames[0].strip() if frames else "(no stack)"
+                    view.update(append=[f"{stamp} p{r} {innermost}"])
+                say(f"stacks of {format_procs(ranks)}: innermost frames in the log")
+            elif action == "kill" and rank is not None:
+                took = cluster.kill_process(int(rank))
+                say(f"p{rank} killed (gone after {took:.2f} s)")
+            elif action == "restart" and rank is not None:
+                say(f"p{rank} restarting...")
+                took = cluster.restart_process_sync(int(rank))
+                say(f"p{rank} rejoined in {took:.1f} s")
+            elif action == "restart-world":
+                say("restarting the JAX world...")
+                took = self.restart()
+                say(f"JAX world restarted in {took:.1f} s")
+            else:
+                say(f"unknown control {action!r}")
+        except Exception as e:  # noqa: BLE001 - a control reports its failure in the view
+            say(f"{action} failed: {e}")
 
     def rotate_certs(self) -> list[int]:
         """Issue new certificates to every process; returns their serial numbers."""

@@ -222,6 +222,27 @@ class LiveDevicesView(_View):
     _view_kind = traitlets.Unicode("live").tag(sync=True)
     liveness = traitlets.List(traitlets.Dict()).tag(sync=True)
     event_log = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    # Buttons (stop, stacks, kill, restart) appear when a handler is attached; clicks
+    # arrive as custom messages ``{"action": ..., "rank": ...}``.
+    controls = traitlets.Bool(False).tag(sync=True)
+    control_status = traitlets.Unicode("").tag(sync=True)
+
+    def on_control(self, handler) -> None:
+        """Show the control buttons and call ``handler(action, rank)`` on every click.
+
+        Parameters
+        ----------
+        handler : callable
+            Receives the action (``stop``, ``stacks``, ``kill``, ``restart``,
+            ``restart-world``) and the process (None for cluster-wide actions).
+        """
+
+        def dispatch(_widget, content, _buffers) -> None:
+            if isinstance(content, dict) and "action" in content:
+                handler(str(content["action"]), content.get("rank"))
+
+        self.on_msg(dispatch)
+        self.controls = True
 
     def __init__(
         self,

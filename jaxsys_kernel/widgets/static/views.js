@@ -740,6 +740,24 @@ function renderLive(model, root) {
   if (!live.length) {
     root.append(h("div", { class: "jxs-empty" }, ["No heartbeats yet."]));
   }
+  // Controls are served by the kernel on a subshell, so they work while a cell blocks.
+  const controls = Boolean(model.get("controls"));
+  /** @param {string} label @param {string} title @param {string} action @param {number|null} rank */
+  const control = (label, title, action, rank) => h("button", {
+    class: "jxs-button",
+    title,
+    "data-action": action,
+    "data-rank": rank === null ? "" : String(rank),
+    onclick: () => model.send({ action, rank }),
+  }, [label]);
+  if (controls) {
+    root.append(h("div", { class: "jxs-controls jxs-controls-bar" }, [
+      control("stop cell", "interrupt the running cell on every process", "stop", null),
+      control("dump stacks", "Python stacks of every process", "stacks", null),
+      control("restart world", "replace every process and re-initialise JAX", "restart-world", null),
+      h("span", { class: "jxs-muted jxs-control-status" }, [model.get("control_status") || ""]),
+    ]));
+  }
   const compact = live.length > 64;
   const grid = h("div", { class: compact ? "jxs-live jxs-live-compact" : "jxs-live" });
   for (const p of live) {
@@ -764,6 +782,11 @@ function renderLive(model, root) {
         [`♥ ${formatSeconds(age)}`]),
       h("span", { class: "jxs-muted" }, [`inc ${p.incarnation ?? 0}${p.busy ? " · busy" : ""}`]),
       h("span", { class: "jxs-devs" }, devs),
+      controls ? h("span", { class: "jxs-controls" }, [
+        control("stacks", "dump this process's Python stacks", "stacks", p.rank),
+        control("kill", "SIGKILL this process", "kill", p.rank),
+        control("restart", "replace this process; it rejoins the JAX world", "restart", p.rank),
+      ]) : null,
     ]));
   }
   root.append(grid);
@@ -785,7 +808,7 @@ const VIEWS = {
   mesh: { draw: renderMesh, traits: ["info"] },
   sharding: { draw: renderSharding, traits: ["info", "dims", "selected_process"] },
   cache: { draw: renderCache, traits: ["stats"] },
-  live: { draw: renderLive, traits: ["liveness", "event_log"] },
+  live: { draw: renderLive, traits: ["liveness", "event_log", "controls", "control_status"] },
 };
 
 export default {
