@@ -43,6 +43,12 @@ def test_kill_marks_the_process_dead_at_once(k):
     assert status[3].split()[0] == "2" and status[3].split()[-1] == "dead"
 
 
+def test_cells_including_a_dead_process_are_refused_at_once(k):
+    out = k.execute("%%multihost\nprint(1)")
+    assert out.status == "error" and out.error["ename"] == "UsageError"
+    assert "p2 is not running" in out.error["evalue"] and "--procs 0-1" in out.error["evalue"]
+
+
 def test_survivors_continue_on_the_live_devices(k):
     t0 = time.monotonic()
     out = k.ok(LIVE)

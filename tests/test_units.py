@@ -182,3 +182,13 @@ def test_gloo_chatter_is_dropped_even_when_split():
     )
     assert NATIVE_NOISE.match("1 peer ranks. Expected number of connected peer ranks is : 1")
     assert not NATIVE_NOISE.match("loss 0.25")
+
+
+def test_env_pairs():
+    from IPython.core.error import UsageError
+
+    from jaxsys_kernel.magics.magics import _env_pairs
+
+    assert _env_pairs(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        _env_pairs(["novalue"])

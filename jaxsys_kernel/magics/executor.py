@@ -456,6 +456,9 @@ def raise_for_run(run: CellRun) -> None:
         done = {"interrupt": "interrupted", "restart": "stopped by a world restart"}.get(
             run.hang_action or "", "left running"
         )
+        unstopped = run.by_status("running")
+        if run.hang_action == "interrupt" and unstopped:
+            done += f", but {format_procs(unstopped)} did not stop within {INTERRUPT_GRACE:g} s"
         raise MultihostHang(
             run,
             f"{kinds}; {format_procs(run.stuck)} kept running (waiting for the failed "

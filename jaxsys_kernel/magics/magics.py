@@ -34,6 +34,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
 def _rank(text: str) -> int:
     try:
         return int(text.removeprefix("p"))
@@ -92,6 +102,13 @@ class JaxSysMagics(Magics):
         type=float,
         default=60.0,
         help="seconds allowed for jax.distributed.initialize",
+    )
+    @argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for every process (repeatable)",
     )
     @argument("--insecure", action="store_true", help="no mTLS, no CurveZMQ (not recommended)")
     @argument("--ca-file", default=None, help="your own CA certificate (PEM), with --cert-dir")
@@ -154,6 +171,7 @@ class JaxSysMagics(Magics):
                 secure=not args.insecure,
                 ca_file=args.ca_file,
                 cert_dir=args.cert_dir,
+                env=_env_pairs(args.env),
                 **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
             )
         elif args.action == "stop":

@@ -55,6 +55,8 @@ class MultihostSession:
         self.default_on_hang: str = "interrupt"
         # Why the JAX world cannot be trusted with a collective (None when it can).
         self.broken: str | None = None
+        # Processes still busy with a cell that ended without them.
+        self.still_running: set[int] = set()
         self.last_summaries: dict[str, dict] = {}
         self.dashboard = None
         self._unsubscribe = None
@@ -106,6 +108,7 @@ class MultihostSession:
             raise UsageError(str(e)) from None
         self.cluster = cluster
         self.broken = None
+        self.still_running = set()
         cluster.start_sync()
         print(
             f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
@@ -138,6 +141,7 @@ class MultihostSession:
         cluster = self.require_cluster()
         took = cluster.restart_sync()
         self.broken = None
+        self.still_running = set()
         return took
 
     def kill_process(self, rank: int, signal_name: str = "KILL") -> float:
@@ -172,9 +176,11 @@ class MultihostSession:
 
         cluster = self.require_cluster()
         try:
-            return cluster.restart_process_sync(rank)
+            took = cluster.restart_process_sync(rank)
         except ClusterError as e:
             raise UsageError(str(e)) from None
+        self.still_running.discard(rank)
+        return took
 
     def show_dashboard(self, max_rate: float = 10.0):
         """A live dashboard: mesh, sharding, cache hits and liveness of every process.
@@ -343,6 +349,23 @@ class MultihostSession:
             raise UsageError(f"--grace must be positive, got {grace:g}")
         if on_hang not in ON_HANG:
             raise UsageError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {on_hang!r}")
+        cluster.refresh_states()
+        dead = [r for r in ranks if cluster.processes[r].state != "ready"]
+        if dead:
+            live = [r for r in cluster.ranks if cluster.processes[r].state == "ready"]
+            raise UsageError(
+                f"{format_procs(dead)} {'is' if len(dead) == 1 else 'are'} not running; run on "
+                f"the others with --procs {format_procs(live)[1:] if live else '...'}, or bring "
+                f"{'it' if len(dead) == 1 else 'them'} back with %jaxsys restart"
+            )
+        busy = sorted(self.still_running & set(ranks))
+        if busy:
+            raise UsageError(
+                f"the JAX world is out of step: {format_procs(busy)} still "
+                f"{'runs' if len(busy) == 1 else 'run'} an earlier cell that did not stop when "
+                "interrupted (stuck inside JAX; a new cell would only queue behind it): "
+                "run %jaxsys restart"
+            )
         if self.broken and not force:
             raise UsageError(doctor.world_broken_message(self.broken))
         judged = []
@@ -414,6 +437,10 @@ class MultihostSession:
         if run.hang_action == "restart":
             took = self.restart()
             print(f"jaxsys: JAX world restarted in {took:.1f} s", file=sys.stderr)
+        else:
+            # Processes that outlived the cell (an interrupt that could not free them) would
+            # run the next cell only after this one: remember them.
+            self.still_running |= set(run.by_status("running"))
         executor.raise_for_run(run)
         return executor.cell_result(run, sink)
 
