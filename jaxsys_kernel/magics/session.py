@@ -57,6 +57,9 @@ class MultihostSession:
         self.broken: str | None = None
         # Processes still busy with a cell that ended without them.
         self.still_running: set[int] = set()
+        # Per process, the hashes of the cells it was asked to run since the last cell that
+        # ran everywhere: the same-program guard compares them.
+        self.ledger: dict[int, list[str]] = {}
         self.last_summaries: dict[str, dict] = {}
         self.dashboard = None
         self._unsubscribe = None
@@ -142,6 +145,7 @@ class MultihostSession:
         took = cluster.restart_sync()
         self.broken = None
         self.still_running = set()
+        self.ledger = {}
         return took
 
     def kill_process(self, rank: int, signal_name: str = "KILL") -> float:
@@ -368,6 +372,7 @@ class MultihostSession:
             )
         if self.broken and not force:
             raise UsageError(doctor.world_broken_message(self.broken))
+        self._check_same_program(cluster, ranks, code)
         judged = []
 
         def hang(run: executor.CellRun) -> str:
@@ -443,6 +448,40 @@ class MultihostSession:
             self.still_running |= set(run.by_status("running"))
         executor.raise_for_run(run)
         return executor.cell_result(run, sink)
+
+    def _check_same_program(self, cluster, ranks: list[int], code: str) -> None:
+        """Warn when processes about to run a cell have not run the same cells before it.
+
+        Every cell is tagged with a hash of its code. A cell run on some processes only
+        (``--procs``) is harmless unless it started something the others must join, e.g. a
+        collective: then the next cell that reaches all of them deadlocks. Saying so before
+        the cell runs names the cause that the hang doctor would otherwise only see.
+        """
+        import hashlib
+
+        tag = hashlib.sha256(code.encode()).hexdigest()[:8]
+        histories = {r: tuple(self.ledger.get(r, ())) for r in ranks}
+        if len(set(histories.values())) > 1:
+            groups: dict[tuple, list[int]] = {}
+            for r, h in histories.items():
+                groups.setdefault(h, []).append(r)
+            parts = [
+                f"{format_procs(rs)} ran {len(h)} cell(s) since the last cell on all of them"
+                + (f" ({', '.join(h[-3:])})" if h else "")
+                for h, rs in groups.items()
+            ]
+            print(
+                "jaxsys: these processes are out of step: "
+                + "; ".join(parts)
+                + f". If one of those cells left a collective half-done, cell {tag} will hang "
+                "(the hang doctor will say where).",
+                file=sys.stderr,
+            )
+        if set(ranks) == set(cluster.ranks):
+            self.ledger = {}
+        else:
+            for r in ranks:
+                self.ledger.setdefault(r, []).append(tag)
 
     def _remember_summary(self, summary: dict) -> None:
         self.last_summaries[summary.get("kind", "")] = summary
