@@ -81,6 +81,16 @@ def _write_notebook(path) -> None:
     nbformat.write(nb, path)
 
 
+def _start_cell(page, index: int) -> None:
+    """Run cell ``index`` without waiting for it (``browser.run_cell`` waits until it ends)."""
+    page.evaluate(
+        "(i) => { const nb = window.jupyterapp.shell.currentWidget.content;"
+        " nb.activeCellIndex = i;"
+        " void window.jupyterapp.commands.execute('notebook:run-cell'); }",
+        index,
+    )
+
+
 def _cell(page, index: int):
     return page.locator(".jp-NotebookPanel .jp-Cell").nth(index)
 
@@ -138,7 +148,13 @@ def _watch_busy(page, timeout: float) -> dict:
         if running and len(rows) == 2 and all("busy" in (r["info"] or "") for r in rows):
             return {"rows": rows, "history": seen}
         page.wait_for_timeout(100)
-    raise AssertionError(f"the dashboard never showed both processes busy: {seen[-5:]}")
+    changes = [s for i, s in enumerate(seen) if i == 0 or s[1:] != seen[i - 1][1:]]
+    cell = _cell(page, SLEEP)
+    raise AssertionError(
+        f"the dashboard never showed both processes busy: {changes}; sleep cell prompt "
+        f"{cell.locator('.jp-InputArea-prompt').inner_text()!r}, output "
+        f"{cell.locator(OUTPUT).all_inner_texts()}"
+    )
 
 
 def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
@@ -152,10 +168,11 @@ def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
             try:
                 open_notebook(page, lab, "dashboard.ipynb", timeout=120)
                 # Everything but the sleep, which runs once the views have been checked.
+                # (run_cell returns when the cell has finished.)
                 for i in range(SLEEP):
                     run_cell(page, i)
-                wait_for(page, f"{OUTPUT}:has-text('mesh ids')", 240)
-                wait_idle(page, 120)
+                wait_for(page, f"{OUTPUT}:has-text('mesh ids')", 30)
+                wait_idle(page, 60)
                 errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
                 assert errors.count() == 0, errors.all_inner_texts()
                 _check_mesh(page)
@@ -166,6 +183,10 @@ def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
                 rows = page.evaluate(LIVE_ROWS, DASHBOARD)
                 assert [r["name"] for r in rows] == ["p0", "p1"], rows
                 assert [r["state"] for r in rows] == ["alive", "alive"], rows
+                page.wait_for_function(
+                    f"() => ({LIVE_ROWS})({DASHBOARD}).every((r) => !(r.info || '').includes('busy'))",
+                    timeout=10_000,
+                )
                 dash = _cell(page, DASHBOARD)
                 assert dash.locator(".jxs-mesh .jxs-cell").count() == 4
                 assert dash.locator(".jxs-sharding .jxs-block").count() == 2
@@ -173,7 +194,7 @@ def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
 
                 # ... and shows them busy while the sleep cell blocks the kernel.
                 dash.scroll_into_view_if_needed()
-                run_cell(page, SLEEP)
+                _start_cell(page, SLEEP)
                 busy = _watch_busy(page, timeout=SLEEP_S + 30)
                 assert [r["state"] for r in busy["rows"]] == ["alive", "alive"], busy["rows"]
                 screenshot(page, "dashboard.png")

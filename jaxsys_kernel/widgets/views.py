@@ -323,11 +323,21 @@ class Dashboard(ipywidgets.GridBox):
         layout = kwargs.pop(
             "layout",
             ipywidgets.Layout(
-                grid_template_columns="repeat(auto-fit, minmax(420px, 1fr))",
+                grid_template_columns="minmax(0, 1fr) minmax(0, 1fr)",
+                grid_template_areas='"mesh sharding" "cache cache" "live live"',
                 grid_gap="12px",
                 width="100%",
             ),
         )
+        # Tables read badly in half a row: mesh and sharding share the first row, the cache
+        # and liveness tables get a row each.
+        for view, area in (
+            (self.mesh, "mesh"),
+            (self.sharding, "sharding"),
+            (self.cache, "cache"),
+            (self.live, "live"),
+        ):
+            view.layout.grid_area = area
         super().__init__(
             children=[self.mesh, self.sharding, self.cache, self.live], layout=layout, **kwargs
         )
