@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ import threading
 import time
 
 import psutil
+from _procs import reap
 
 NPROCS = 4
 DEVICES_PER_HOST = 2
@@ -84,27 +84,6 @@ def free_port() -> int:
 
 def my_descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
-
-
-def reap(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait for ``procs`` to exit; SIGKILL and return whichever outlived ``timeout``."""
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    alive = [p for p in alive if _running(p)]
-    for p in alive:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    if alive:
-        psutil.wait_procs(alive, timeout=5)
-    return alive
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def settle(label: str, leftovers: list[str]) -> None:

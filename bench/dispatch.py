@@ -40,13 +40,13 @@ import argparse
 import json
 import os
 import queue
-import signal
 import statistics
 import sys
 import tempfile
 import time
 
 import psutil
+from _procs import reap
 from jupyter_client.manager import start_new_kernel
 
 MULTIHOST_CELL = "%%multihost\nx = 1"
@@ -138,27 +138,6 @@ def descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-
-
-def reap(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait for ``procs`` to exit; SIGKILL and return whichever outlived ``timeout``."""
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    alive = [p for p in alive if _running(p)]
-    for p in alive:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    if alive:
-        psutil.wait_procs(alive, timeout=5)
-    return alive
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def measure(n: int, reps: int, warmup: int) -> dict:

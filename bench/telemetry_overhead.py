@@ -65,12 +65,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import time
 
 import psutil
+from _procs import reap
 
 NPROCS = 4
 DEVICES_PER_HOST = 2
@@ -155,27 +155,6 @@ class BenchError(RuntimeError):
 
 def my_descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def reap(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait for ``procs`` to exit; SIGKILL and return whichever outlived ``timeout``."""
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    alive = [p for p in alive if _running(p)]
-    for p in alive:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    if alive:
-        psutil.wait_procs(alive, timeout=5)
-    return alive
 
 
 def _tree(roots: list[psutil.Process]) -> list[psutil.Process]:
