@@ -13,24 +13,13 @@ import time
 from pathlib import Path
 
 from ._version import __version__
+from .cluster.cluster import pid_alive
 
 STATE_DIR = Path(os.environ.get("JAXSYS_STATE_DIR", Path.home() / ".jaxsys" / "clusters"))
 
 
 def _state_file(name: str) -> Path:
     return STATE_DIR / f"{name}.json"
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- install-kernel ------------------------------------------------------------------------------
@@ -190,7 +179,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             return _serve_cluster(args)
         if state_file.exists():
             old = json.loads(state_file.read_text())
-            if _pid_alive(old.get("pid")) and old.get("state") != "failed":
+            if pid_alive(old.get("pid")) and old.get("state") != "failed":
                 print(
                     f"jaxsys: cluster {args.name!r} is already running (pid {old['pid']})",
                     file=sys.stderr,
@@ -253,7 +242,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     state = json.loads(state_file.read_text())
     pid = state.get("pid")
     if args.action == "status":
-        alive = _pid_alive(pid)
+        alive = pid_alive(pid)
         print(
             f"cluster {args.name!r}: {state.get('state')} (pid {pid}, {'alive' if alive else 'gone'})"
         )
@@ -263,18 +252,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             from .magics.magics import format_status
 
             rows = [
-                dict(p, state=p["state"] if _pid_alive(p.get("pid")) else "dead")
+                dict(p, state=p["state"] if pid_alive(p.get("pid")) else "dead")
                 for p in state["processes"]
             ]
             print(format_status(rows))
         return 0 if alive and state.get("state") == "ready" else 1
     # stop
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
     state_file.unlink(missing_ok=True)
     print(f"jaxsys: cluster {args.name!r} stopped")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from .harness import TAG_VAR, Kernel, new_tag, wait_no_processes
+from .harness import TAG_VAR, kernel_with_cluster, new_tag, wait_no_processes
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +38,5 @@ def cluster(tag):
 @pytest.fixture(scope="module")
 def kernel(tag):
     """A jaxsys kernel with a started 2 x 2 cluster, shared by a module."""
-    k = Kernel(tag)
-    try:
-        out = k.execute("%jaxsys start --hosts 2 --devices-per-host 2", timeout=180)
-        assert out.status == "ok", out.stderr
+    with kernel_with_cluster(tag) as k:
         yield k
-    finally:
-        k.shutdown()

@@ -3,6 +3,7 @@ process census that proves nothing was left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -156,3 +157,15 @@ class Kernel:
         finally:
             if self.km.is_alive():
                 self.km.shutdown_kernel(now=False)
+
+
+@contextlib.contextmanager
+def kernel_with_cluster(tag: str, start: str = "%jaxsys start --hosts 2 --devices-per-host 2"):
+    """A jaxsys kernel whose cluster was started with the magic line ``start``."""
+    k = Kernel(tag)
+    try:
+        out = k.execute(start, timeout=180)
+        assert out.status == "ok", out.stderr
+        yield k
+    finally:
+        k.shutdown()

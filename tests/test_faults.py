@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness import Kernel
+from .harness import kernel_with_cluster
 
 LIVE = """%%multihost --procs 0,1 --timeout 30
 import time, jaxsys_kernel
@@ -25,15 +25,10 @@ with jaxsys_kernel.live_devices() as devices:
 
 @pytest.fixture(scope="module")
 def k(tag):
-    kernel = Kernel(tag)
-    try:
-        out = kernel.execute(
-            "%jaxsys start --hosts 3 --devices-per-host 1 --heartbeat 2", timeout=120
-        )
-        assert out.status == "ok", out.stderr
+    with kernel_with_cluster(
+        tag, "%jaxsys start --hosts 3 --devices-per-host 1 --heartbeat 2"
+    ) as kernel:
         yield kernel
-    finally:
-        kernel.shutdown()
 
 
 def test_kill_marks_the_process_dead_at_once(k):

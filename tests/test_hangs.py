@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness import Kernel
+from .harness import kernel_with_cluster
 
 FAIL_BEFORE_COLLECTIVE = """%%multihost --grace 2 {opts}
 import jax, numpy as np
@@ -20,13 +20,8 @@ multihost_utils.process_allgather(np.ones(3))
 
 @pytest.fixture(scope="module")
 def k(tag):
-    kernel = Kernel(tag)
-    try:
-        out = kernel.execute("%jaxsys start --hosts 2 --devices-per-host 1", timeout=120)
-        assert out.status == "ok", out.stderr
+    with kernel_with_cluster(tag, "%jaxsys start --hosts 2 --devices-per-host 1") as kernel:
         yield kernel
-    finally:
-        kernel.shutdown()
 
 
 def test_failure_before_a_collective_is_diagnosed_and_interrupted(k):

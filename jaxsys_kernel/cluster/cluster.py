@@ -420,7 +420,7 @@ class Cluster:
                 continue
             # A local process is checked directly: the hub notices only after heartbeats.
             gone = p.engine_id not in alive or (
-                self.launcher == "local" and p.pid is not None and not _pid_alive(p.pid)
+                self.launcher == "local" and p.pid is not None and not pid_alive(p.pid)
             )
             if gone:
                 p.state = "dead"
@@ -454,9 +454,9 @@ class Cluster:
             return time.perf_counter() - t0
         if self.launcher == "local" and p.pid:
             deadline = time.monotonic() + timeout
-            while _pid_alive(p.pid) and time.monotonic() < deadline:
+            while pid_alive(p.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            if _pid_alive(p.pid):
+            if pid_alive(p.pid):
                 raise ClusterError(
                     f"process {rank} (pid {p.pid}) is still alive {timeout:g} s after "
                     f"{signal.Signals(sig).name}; JAX processes ignore SIGTERM: use SIGKILL"
@@ -501,7 +501,7 @@ class Cluster:
             raise ClusterError("restarting a single process needs the local launcher")
         t0 = time.perf_counter()
         p = self.processes[rank]
-        if p.pid and _pid_alive(p.pid):
+        if p.pid and pid_alive(p.pid):
             _killpg_all([p.pid, *_launcher_pids(self._engine_launcher(rank))])
             await asyncio.to_thread(_wait_gone, [p.pid], 5.0)
         p.state = "restarting"
@@ -1143,7 +1143,10 @@ def _quiet_curve_signing_warning() -> None:
         logger.addFilter(_curve_filter)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether a local process exists and is not a zombie."""
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
