@@ -95,6 +95,13 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(kept[-lines:])
 
 
+def _output_tail(launcher) -> str:
+    try:
+        return _tail(launcher.get_output() or "")
+    except Exception:  # noqa: BLE001 - the output is a hint; its absence is no error
+        return ""
+
+
 def _free_local_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -704,7 +711,6 @@ class Cluster:
             send_engines_connection_env=False,
             **kwargs,
         )
-        cluster.controller_launcher_class  # noqa: B018 - resolve the trait before launch
         return cluster
 
     async def _launch_engines(self) -> None:
@@ -882,22 +888,13 @@ class Cluster:
             state = getattr(sub, "state", "running")
             if state == "after":
                 code = (getattr(sub, "stop_data", None) or {}).get("exit_code")
-                output = ""
-                try:
-                    output = sub.get_output() or ""
-                except Exception:  # noqa: BLE001 - output is best effort
-                    pass
-                return f"exited with code {code} before it was ready; its output ends with:\n{_tail(output)}"
+                return f"exited with code {code} before it was ready; its output ends with:\n{_output_tail(sub)}"
         return None
 
     def _controller_failure(self) -> str | None:
         ctl = self._ipp.controller if self._ipp is not None else None
         if ctl is not None and getattr(ctl, "state", "") == "after":
-            try:
-                out = ctl.get_output() or ""
-            except Exception:  # noqa: BLE001
-                out = ""
-            return f"the ipyparallel controller exited early; its output ends with:\n{_tail(out)}"
+            return f"the ipyparallel controller exited early; its output ends with:\n{_output_tail(ctl)}"
         return None
 
     def _engine_uuids(self) -> set[str]:

@@ -95,8 +95,17 @@ def waits_in_jax(frames: list[str]) -> bool:
     return any(_JAX_WAIT.search(ln) for ln in frames[:3])
 
 
-def report(run, stacks: dict[int, str], reason: str, max_frames: int = 12) -> tuple[str, bool]:
-    """Text of the diagnosis, and whether the stuck processes wait inside JAX.
+def waiting_in_jax(stacks: dict[int, str], ranks: list[int]) -> list[bool]:
+    """For each rank, whether it waits inside JAX; a missing stack counts as yes (be safe)."""
+    out = []
+    for r in ranks:
+        frames = main_stack(stacks.get(r, ""))
+        out.append(not frames or waits_in_jax(frames))
+    return out
+
+
+def report(run, stacks: dict[int, str], reason: str, max_frames: int = 12) -> str:
+    """Text of the diagnosis: what every process did, and the stacks of the stuck ones.
 
     Parameters
     ----------
@@ -108,7 +117,6 @@ def report(run, stacks: dict[int, str], reason: str, max_frames: int = 12) -> tu
         Why the cell is judged hung, one sentence.
     """
     lines = [f"jaxsys hang doctor: {reason}"]
-    in_jax = True
     for r in run.procs:
         res = run.results[r]
         if r in run.stuck:
@@ -125,7 +133,6 @@ def report(run, stacks: dict[int, str], reason: str, max_frames: int = 12) -> tu
             if not frames:
                 lines.append("      (no stack: the process did not answer SIGUSR1)")
                 continue
-            in_jax = in_jax and waits_in_jax(frames)
             marked = annotate(frames)
             # Innermost frames down to the user's own line; the engine's machinery below
             # it says nothing about the hang.
@@ -139,7 +146,7 @@ def report(run, stacks: dict[int, str], reason: str, max_frames: int = 12) -> tu
                 ]
             lines.extend("      " + f for f in shown)
     lines.append("  (>> your code, ** JAX dispatch or collective; innermost frame first)")
-    return "\n".join(lines), in_jax
+    return "\n".join(lines)
 
 
 def world_broken_message(reason: str) -> str:

@@ -375,13 +375,17 @@ class MultihostSession:
         self._check_same_program(cluster, ranks, code)
         judged = []
 
+        def mark_broken(ranks: list[int]) -> None:
+            self.broken = (
+                f"{format_procs(ranks)} interrupted inside JAX at {time.strftime('%H:%M:%S')}"
+            )
+
         def hang(run: executor.CellRun) -> str:
             stuck = format_procs(run.stuck)
             stacks = doctor.dump_stacks(cluster, run.stuck)
-            if run.hang == "divergence":
-                frames = [doctor.main_stack(stacks.get(r, "")) for r in run.stuck]
-                if not all(f and doctor.waits_in_jax(f) for f in frames):
-                    return "wait"  # extra work on some processes, not a stuck collective
+            in_jax = doctor.waiting_in_jax(stacks, run.stuck)
+            if run.hang == "divergence" and not (stacks and all(in_jax)):
+                return "wait"  # extra work on some processes, not a stuck collective
             judged.append(run)
             if run.hang == "timeout":
                 why = f"the cell passed its timeout of {timeout:g} s; {stuck} still running"
@@ -396,12 +400,11 @@ class MultihostSession:
                     [r for r in run.procs if run.results[r].status in ("error", "dead")]
                 )
                 why = f"{failed} failed and {stuck} kept running for {grace:g} s more"
-            text, in_jax = doctor.report(run, stacks, why)
-            print(text, file=sys.stderr)
+            print(doctor.report(run, stacks, why), file=sys.stderr)
             if on_hang == "interrupt":
                 print(f"jaxsys: interrupting {stuck}", file=sys.stderr)
-                if in_jax:
-                    self.broken = f"{stuck} interrupted inside JAX at {time.strftime('%H:%M:%S')}"
+                if any(in_jax):
+                    mark_broken(run.stuck)
             elif on_hang == "restart":
                 print("jaxsys: restarting the JAX world", file=sys.stderr)
             else:
@@ -415,11 +418,8 @@ class MultihostSession:
             if judged:
                 return  # the hang doctor has already looked at them
             stacks = doctor.dump_stacks(cluster, ranks, timeout=1.0)
-            frames = [doctor.main_stack(stacks.get(r, "")) for r in ranks]
-            if any(not f or doctor.waits_in_jax(f) for f in frames):
-                self.broken = (
-                    f"{format_procs(ranks)} interrupted inside JAX at {time.strftime('%H:%M:%S')}"
-                )
+            if any(doctor.waiting_in_jax(stacks, ranks)):
+                mark_broken(ranks)
                 print(
                     f"jaxsys: interrupting {format_procs(ranks)} while they wait inside JAX; "
                     "the JAX world is now out of step: run %jaxsys restart.",
