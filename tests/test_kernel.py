@@ -205,7 +205,8 @@ def test_inspection_from_process_zero(kernel):
 
 def test_status_lists_every_process(kernel):
     out = kernel.ok("%jaxsys status")
-    *lines, security = out.stdout.strip().splitlines()
+    text = out.stdout.split("\nrefused:")[0]  # a refusal line may follow (see below)
+    *lines, security = text.strip().splitlines()
     assert lines[0].split() == ["process", "engine", "pid", "host", "devices", "state"]
     assert [ln.split()[0] for ln in lines[1:]] == ["0", "1"]
     assert [ln.split()[1] for ln in lines[1:]] == ["0", "1"]  # engine i is process i
@@ -221,6 +222,43 @@ def test_security_audit_lists_every_endpoint(kernel):
     assert "JAX data plane (gloo collectives)" in text or "gloo" in text
     assert "Jupyter kernel channels" in text
     assert "with no protection" in text  # gloo stays plaintext and is said so
+
+
+KNOCK_WITHOUT_CERTIFICATE = """
+import socket, ssl
+host, port = get_ipython()._jaxsys_session.cluster.coordinator_address.rsplit(":", 1)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+ctx.set_alpn_protocols(["h2"])
+with socket.create_connection((host, int(port)), timeout=5) as raw:
+    try:
+        with ctx.wrap_socket(raw) as tls:
+            tls.recv(1)
+    except (ssl.SSLError, OSError):
+        pass
+"""
+
+
+def test_the_kernel_reports_who_was_refused(kernel):
+    kernel.ok(KNOCK_WITHOUT_CERTIFICATE)
+    # The refusal travels from process 0 as telemetry; a later cell reports it once.
+    notices = ""
+    for _ in range(50):
+        notices += kernel.ok("pass").stderr
+        if notices:
+            break
+        time.sleep(0.1)
+    assert re.fullmatch(
+        r"jaxsys: the coordination service refused 1 connection\(s\) from 127\.0\.0\.1: "
+        r"it presented no certificate\. The cluster is unaffected; %jaxsys security lists "
+        r"every refusal\.\n",
+        notices,
+    ), notices
+    assert kernel.ok("pass").stderr == ""
+    table = kernel.ok("%jaxsys security").stdout
+    assert re.search(r"127\.0\.0\.1 +1 +\S+ +\S+ +it presented no certificate", table), table
+    assert "refused: 1 connection(s) from 1 address(es)" in kernel.ok("%jaxsys status").stdout
+    assert kernel.ok("%%multihost\nprint('fine')").stdout == "[p0-1] fine\n"
 
 
 @pytest.mark.parametrize("magic", ["%multihost", "%jaxsys", "%pull", "%%local"])

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,9 @@ def test_intruders_are_refused_and_the_cluster_survives(cluster, tmp_path):
         for name, env in cases.items()
     }
     try:
+        # While they knock, cells run and their output carries none of gRPC's tracing.
+        assert run(cluster, SUM_CELL) == "[p0-1] total 6.0\n"
+        _tls_client_without_certificate(cluster.coordinator_address, pki.credentials(1).ca_file)
         for name, p in procs.items():
             out, _ = p.communicate(timeout=60)
             assert p.returncode != 0, f"{name}: {out[-500:]!r}"
@@ -193,6 +197,38 @@ def test_intruders_are_refused_and_the_cluster_survives(cluster, tmp_path):
                 os.killpg(p.pid, 9)
     assert run(cluster, SUM_CELL) == "[p0-1] total 6.0\n"
     assert cluster.status()[1]["state"] == "ready"
+    # The kernel knows who was refused and why, by the evidence each handshake left.
+    refused = {r["reason"]: r for r in cluster.refusals()}
+    assert all(r["host"] == "127.0.0.1" and r["attempts"] >= 1 for r in refused.values())
+    reasons = " | ".join(refused)
+    assert "does not speak TLS" in reasons  # no certificate: JAX without mTLS
+    assert "hung up during the handshake" in reasons  # another CA: it rejects ours first
+    assert "presented no certificate" in reasons  # a TLS client with no certificate
+    (outside,) = [r for r in refused.values() if "outside this cluster" in r["reason"]]
+    assert outside["identity"] == "spiffe://jaxsys.local/elsewhere/process/1"
+    # Our own audit connects with the cluster's credentials: never counted as a refusal.
+    assert "serving the current certificate" in audit(cluster)[0].advice
+    time.sleep(0.5)
+    assert sum(r["attempts"] for r in cluster.refusals()) == sum(
+        r["attempts"] for r in refused.values()
+    )
+
+
+def _tls_client_without_certificate(address: str, ca_file: str) -> None:
+    import socket
+    import ssl
+
+    host, port = address.rsplit(":", 1)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(cafile=ca_file)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        try:
+            with ctx.wrap_socket(raw) as tls:
+                tls.recv(1)  # TLS 1.3: the server's verdict arrives after the handshake
+        except (ssl.SSLError, OSError):
+            pass
 
 
 def test_rotation_replaces_certificates_in_place(cluster):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -240,3 +242,122 @@ def _footer(endpoints: list[Endpoint]) -> str:
     if not bare:
         return "every endpoint is protected"
     return f"{len(bare)} endpoint(s) with no protection: see the advice column and docs/security.md"
+
+
+# What each TLS error from gRPC means for whoever was refused. The first match wins.
+_REFUSAL_REASONS = (
+    (
+        "no URI SAN with required prefix",
+        "its certificate is from the cluster's CA, but for an identity outside this cluster",
+    ),
+    (
+        "Hostname Verification Check failed",
+        "its certificate names no identity (URI SAN) of this cluster",
+    ),
+    ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "it presented no certificate"),
+    ("CERTIFICATE_EXPIRED", "its certificate has expired"),
+    ("certificate has expired", "its certificate has expired"),
+    ("CERTIFICATE_VERIFY_FAILED", "its certificate is not signed by the cluster's CA"),
+    (
+        "WRONG_VERSION_NUMBER",
+        "it does not speak TLS, so it has no certificate (a JAX process without mTLS?)",
+    ),
+    (
+        "HTTP_REQUEST",
+        "it does not speak TLS, so it has no certificate (a JAX process without mTLS?)",
+    ),
+    (
+        "Socket closed",
+        "it hung up during the handshake: it does not trust the cluster's certificate (a process with another CA?) or is not a TLS client",
+    ),
+    (
+        "Connection reset",
+        "it hung up during the handshake: it does not trust the cluster's certificate (a process with another CA?) or is not a TLS client",
+    ),
+)
+_PEER_URIS = re.compile(r"peer URI SANs: \[([^\]]*)\]")
+
+
+def explain_refusal(error: str) -> tuple[str, str]:
+    """Say in words why the coordination service refused a handshake.
+
+    Parameters
+    ----------
+    error : str
+        The TLS error gRPC logged for it.
+
+    Returns
+    -------
+    tuple of str
+        The reason, and the identities (URI SANs) the peer's certificate claimed, or ``""``
+        when its certificate did not get that far.
+    """
+    m = _PEER_URIS.search(error)
+    identity = m.group(1).strip() if m else ""
+    for needle, reason in _REFUSAL_REASONS:
+        if needle in error:
+            return reason, identity
+    return f"the TLS handshake failed: {error}", identity
+
+
+def format_refusals(refusals: list) -> str:
+    """Render refused handshakes as a text table, or say that there were none.
+
+    Parameters
+    ----------
+    refusals : list of jaxsys_kernel.telemetry.schema.Refusal
+    """
+    if not refusals:
+        return "refused connections: none so far"
+    header = ["from", "attempts", "first", "last", "why"]
+    rows = [
+        [
+            r.host,
+            str(r.attempts),
+            time.strftime("%H:%M:%S", time.localtime(r.first)),
+            time.strftime("%H:%M:%S", time.localtime(r.last)),
+            r.reason + (f"; it claimed {r.identity}" if r.identity else ""),
+        ]
+        for r in refusals
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    total = sum(r.attempts for r in refusals)
+    lines = [
+        f"refused connections to the JAX coordination service: {total} attempt(s) from "
+        f"{len({r.host for r in refusals})} address(es); the cluster was not affected"
+    ]
+    for row in [header, *rows]:
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def refusal_notice(before: dict[tuple[str, str], int], refusals: list) -> list[str]:
+    """One line per address and reason with attempts that are new since ``before``.
+
+    Parameters
+    ----------
+    before : dict
+        Attempts already reported, by ``(host, error)``; updated in place.
+    refusals : list of jaxsys_kernel.telemetry.schema.Refusal
+        The hub's current refusals.
+
+    Returns
+    -------
+    list of str
+        Lines to show the user; empty when nothing is new.
+    """
+    lines = []
+    for r in refusals:
+        key = (r.host, r.error)
+        new = r.attempts - before.get(key, 0)
+        if new <= 0:
+            continue
+        before[key] = r.attempts
+        who = f" claiming {r.identity}" if r.identity else ""
+        lines.append(
+            f"jaxsys: the coordination service refused {new} connection(s) from {r.host}{who}: "
+            f"{r.reason}. The cluster is unaffected; %jaxsys security lists every refusal."
+        )
+    return lines

@@ -680,6 +680,26 @@ class Cluster:
             env["JAXSYS_INCARNATION"] = str(self._incarnation)
         env.update(self.env)
         env.update(self.process_env.get(rank, {}))
+        if self.pki is not None and rank == 0:
+            # Process 0 serves the coordination service; see engine/native_log.py.
+            env.update(self._handshake_trace_env())
+        return env
+
+    def _handshake_trace_env(self) -> dict[str, str]:
+        """gRPC settings that make process 0 log each refused handshake, for the kernel."""
+        from ..engine import native_log
+
+        user = {**os.environ, **self.env, **self.process_env.get(0, {})}
+        env = {native_log.ENV_WATCH: "1"}
+        tracers = [t for t in user.get("GRPC_TRACE", "").split(",") if t]
+        env["GRPC_TRACE"] = ",".join(
+            [*tracers, "handshaker"] if "handshaker" not in tracers else tracers
+        )
+        if "GRPC_VERBOSITY" not in user:
+            # gRPC traces at INFO. The INFO records this adds are dropped in the process;
+            # a user who chose a verbosity gets to see what it shows.
+            env["GRPC_VERBOSITY"] = "INFO"
+            env[native_log.ENV_DROP_INFO] = "1"
         return env
 
     def _make_ipp_cluster(self):
@@ -800,6 +820,24 @@ class Cluster:
             )
         origin = "your CA" if self.ca_file else "a per-cluster CA"
         return f"mTLS on the coordination service ({origin}), CurveZMQ on the control channel"
+
+    def refusals(self) -> list[dict]:
+        """Connections the coordination service refused, by address and reason.
+
+        Process 0 reports each refused TLS handshake (no certificate, another CA, an
+        identity outside the cluster's prefix...) to the kernel as it happens. The list
+        survives world restarts.
+
+        Returns
+        -------
+        list of dict
+            ``host``, ``reason``, ``identity``, ``error``, ``attempts``, ``first``, ``last``
+            and ``last_port`` for each address and reason, oldest first; empty for clusters
+            without mTLS or telemetry.
+        """
+        if self.telemetry is None or self.pki is None:
+            return []
+        return [r.to_dict() for r in self.telemetry.refusals()]
 
     def stack_file(self, rank: int) -> Path:
         """Where process ``rank`` (of the current incarnation) writes stack dumps."""

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 
 from ..telemetry import schema
 
@@ -22,6 +23,9 @@ ENV_INCARNATION = "JAXSYS_INCARNATION"
 ENV_INTERVAL = "JAXSYS_HEARTBEAT_INTERVAL"
 
 _agent: Agent | None = None
+# Events published before the agent exists (process 0 can refuse a handshake while JAX is
+# still starting); sent as soon as it starts. Bounded, like the agent's own queue.
+_pending: deque[tuple[str, dict]] = deque(maxlen=1000)
 
 
 class Agent:
@@ -172,6 +176,23 @@ def _dir_usage(path: str) -> tuple[int, int]:
     return entries, size
 
 
+def publish(kind: str, **payload) -> None:
+    """Send an event through this process's agent, or keep it until the agent starts.
+
+    Parameters
+    ----------
+    kind : str
+        An event kind from :mod:`jaxsys_kernel.telemetry.schema`.
+    **payload
+        Its fields (JSON-ready).
+    """
+    agent = _agent
+    if agent is None:
+        _pending.append((kind, payload))
+    else:
+        agent.send(kind, **payload)
+
+
 def start_from_env(rank: int) -> Agent | None:
     """Start the agent if the launcher asked for telemetry (``$JAXSYS_TELEMETRY``).
 
@@ -198,4 +219,7 @@ def start_from_env(rank: int) -> Agent | None:
         server_key=os.environ.get(ENV_SERVER_KEY) or None,
         interval=float(os.environ.get(ENV_INTERVAL, "1.0")),
     ).start()
+    while _pending:
+        kind, payload = _pending.popleft()
+        _agent.send(kind, **payload)
     return _agent

@@ -43,7 +43,8 @@ def describe_process() -> dict:
     """Report who this engine is, before JAX starts.
 
     Also arms ``faulthandler`` on SIGUSR1 so that the stacks of a process blocked in a
-    collective can be dumped into its log without interrupting it.
+    collective can be dumped into its log without interrupting it, and, in the process
+    serving the coordination service, starts watching for refused TLS handshakes.
 
     Returns
     -------
@@ -62,9 +63,11 @@ def describe_process() -> dict:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_INTERVAL
-    from . import display
+    from . import display, native_log
 
     display.register_formatters()
+    # Only now is fd 2 ipykernel's pipe: the watch must sit in front of it, not behind.
+    native_log.watch_from_env()
     nanny_pid = None
     try:
         from ipyparallel.engine.app import IPEngine
@@ -73,10 +76,7 @@ def describe_process() -> dict:
             pipe = getattr(IPEngine.instance(), "nanny_pipe", None)
             nanny_pid = getattr(pipe, "pid", None)
     except Exception:  # noqa: BLE001 - the nanny pid is only a cleanup aid
-        from . import display
-
-    display.register_formatters()
-    nanny_pid = None
+        nanny_pid = None
     host = socket.gethostname()
     try:
         address = socket.gethostbyname(host)

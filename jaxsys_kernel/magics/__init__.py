@@ -27,5 +27,6 @@ def register_magics(shell) -> MultihostSession:
     session = MultihostSession(shell)
     shell.register_magics(JaxSysMagics(shell, session))
     shell.input_transformers_cleanup.insert(0, make_spmd_transformer(session))
+    shell.events.register("post_run_cell", session.report_refusals)
     shell._jaxsys_session = session
     return session

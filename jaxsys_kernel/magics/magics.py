@@ -127,7 +127,9 @@ class JaxSysMagics(Magics):
         certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
         ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure``
         turns both off. ``security`` lists every network endpoint with what protects it,
-        and ``rotate-certs`` issues new certificates in place. ``dashboard`` shows the
+        and every connection the coordination service refused (who, why, how often; a
+        line after each cell also reports new ones), and ``rotate-certs`` issues new
+        certificates in place. ``dashboard`` shows the
         live dashboard: the last mesh and sharding displayed, compilation-cache hits and the
         liveness of every process, updated while cells run.
         ``restart`` replaces every process and re-initialises JAX (the way to recover
@@ -200,13 +202,21 @@ class JaxSysMagics(Magics):
         elif args.action == "status":
             print(format_status(s.status_rows()))
             print(f"security: {s.cluster.security}")
+            refused = s.refusals()
+            if refused:
+                print(
+                    f"refused: {sum(r.attempts for r in refused)} connection(s) from "
+                    f"{len({r.host for r in refused})} address(es); see %jaxsys security"
+                )
         elif args.action == "dashboard":
             return s.show_dashboard()
         elif args.action == "security":
-            from ..cluster.audit import audit, format_audit
+            from ..cluster.audit import audit, format_audit, format_refusals
 
             print(f"security: {s.require_cluster().security}")
             print(format_audit(audit(s.cluster)))
+            if s.cluster.pki is not None:
+                print(format_refusals(s.refusals()))
         elif args.action == "rotate-certs":
             serials = s.rotate_certs()
             print(

@@ -22,6 +22,11 @@ ENV_DEVICES = "JAXSYS_DEVICES_PER_HOST"
 ENV_LAUNCHER = "JAXSYS_LAUNCHER"
 
 
+def _short_notice(line: str) -> str:
+    """A refusal notice without the prefix and the pointer, for the dashboard's log."""
+    return line.removeprefix("jaxsys: the coordination service ").split(". The cluster")[0]
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -65,6 +70,8 @@ class MultihostSession:
         self._unsubscribe = None
         # Set by the kernel: returns a subshell id for widget controls (None without one).
         self.control_subshell = lambda: None
+        # Refused handshakes already told to the user, by (address, error).
+        self._refusals_told: dict[tuple[str, str], int] = {}
 
     # -- cluster lifecycle ------------------------------------------------------------------
 
@@ -112,6 +119,7 @@ class MultihostSession:
         self.cluster = cluster
         self.broken = None
         self.still_running = set()
+        self._refusals_told = {}
         cluster.start_sync()
         print(
             f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
@@ -195,6 +203,7 @@ class MultihostSession:
         """
         import time
 
+        from ..cluster.audit import refusal_notice
         from ..widgets import Dashboard
 
         cluster = self.require_cluster()
@@ -207,6 +216,8 @@ class MultihostSession:
             mesh=self.last_summaries.get("mesh"), sharding=self.last_summaries.get("sharding")
         )
         previous: dict[int, str] = {}
+        # Refusals from before the dashboard are in %jaxsys security; the log shows new ones.
+        told = {(r.host, r.error): r.attempts for r in hub.refusals()}
 
         def refresh(h) -> None:
             cluster.refresh_states()
@@ -219,6 +230,8 @@ class MultihostSession:
                         f"{time.strftime('%H:%M:%S')} p{live.rank}: {before} -> {live.state}"
                     )
                     previous[live.rank] = live.state
+            for line in refusal_notice(told, h.refusals()):
+                changes.append(f"{time.strftime('%H:%M:%S')} {_short_notice(line)}")
             dash.update(
                 cache=[c.to_dict() for c in h.cache_stats()],
                 live=[live.to_dict() for live in lives],
@@ -297,6 +310,27 @@ class MultihostSession:
             return cluster.rotate_certs()
         except (ClusterError, PKIError) as e:
             raise UsageError(str(e)) from None
+
+    def refusals(self) -> list:
+        """The running cluster's refused handshakes (empty without a cluster or mTLS)."""
+        cluster = self.cluster
+        if cluster is None or cluster.telemetry is None or cluster.pki is None:
+            return []
+        return cluster.telemetry.refusals()
+
+    def report_refusals(self, *_args) -> None:
+        """Tell the user, after a cell, who the coordination service refused meanwhile.
+
+        Registered as a ``post_run_cell`` hook; prints nothing when nothing is new.
+        """
+        from ..cluster.audit import refusal_notice
+
+        try:
+            lines = refusal_notice(self._refusals_told, self.refusals())
+        except Exception:  # noqa: BLE001 - a report must never fail the user's cell
+            return
+        for line in lines:
+            print(line, file=sys.stderr)
 
     def shutdown(self) -> None:
         """Kill everything at once; used when the kernel shuts down."""

@@ -18,6 +18,8 @@ BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 # A process whose last heartbeat is older than this (in heartbeat intervals) is late.
 LATE_AFTER_INTERVALS = 3.0
+# Distinct (address, error) pairs kept; a scan from many addresses must not grow the kernel.
+MAX_REFUSAL_SOURCES = 256
 
 
 class TelemetryHub:
@@ -48,6 +50,9 @@ class TelemetryHub:
         self.last_event_at: dict[int, float] = {}
         self.first_event_at: dict[int, float] = {}
         self.recent: deque[dict] = deque(maxlen=200)
+        # Refusals outlive world restarts: they are the cluster's security history.
+        self._refusals: dict[tuple[str, str], schema.Refusal] = {}
+        self.refused_attempts = 0
         self.reset(nprocs)
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.PULL)
@@ -106,6 +111,14 @@ class TelemetryHub:
                 schema.CacheStats(**{**vars(s), "last_functions": list(s.last_functions)})
                 for s in self._cache.values()
             ]
+
+    def refusals(self) -> list[schema.Refusal]:
+        """Handshakes the coordination service refused, by address and reason, oldest first."""
+        with self._lock:
+            return sorted(
+                (schema.Refusal(**vars(r)) for r in self._refusals.values()),
+                key=lambda r: r.first,
+            )
 
     def liveness(
         self, states: dict[int, str] | None = None, now: float | None = None
@@ -200,8 +213,31 @@ class TelemetryHub:
                 self._cache[rank].bytes = int(ev.get("bytes", 0))
             elif kind == schema.MONITORING:
                 self._monitoring(self._cache[rank], ev)
+            elif kind == schema.REFUSED:
+                self._refused(ev, now)
             for sub in self._subscribers:
                 sub.dirty = True
+
+    def _refused(self, ev: dict, now: float) -> None:
+        from ..cluster.audit import explain_refusal
+
+        peer, error = str(ev["peer"]), str(ev.get("error", ""))
+        host, _, port = peer.rpartition(":")
+        if not host:
+            host, port = peer, ""
+        key = (host, error)
+        entry = self._refusals.get(key)
+        if entry is None:
+            if len(self._refusals) >= MAX_REFUSAL_SOURCES:
+                return
+            reason, identity = explain_refusal(error)
+            entry = self._refusals[key] = schema.Refusal(
+                host=host, reason=reason, identity=identity, error=error, first=now
+            )
+        entry.attempts += 1
+        entry.last = now
+        entry.last_port = int(port) if port.isdigit() else 0
+        self.refused_attempts += 1
 
     @staticmethod
     def _monitoring(stats: schema.CacheStats, ev: dict) -> None:

@@ -15,6 +15,7 @@ SCHEMA_VERSION = 1
 HEARTBEAT = "heartbeat"  # about once a second: busy flag, device ids, incarnation
 MONITORING = "monitoring"  # one jax.monitoring event or duration
 CACHE_DIR = "cache_dir"  # entries and bytes in the persistent cache directory
+REFUSED = "refused"  # process 0's coordination service refused a TLS handshake: peer, error
 
 
 def event(kind: str, rank: int, incarnation: int, t: float, **payload) -> dict:
@@ -84,6 +85,42 @@ class Liveness:
     busy: bool = False
     devices: list[int] = field(default_factory=list)
     incarnation: int = 0
+
+    def to_dict(self) -> dict:
+        """The fields as a dict."""
+        return asdict(self)
+
+
+@dataclass
+class Refusal:
+    """Handshakes the coordination service refused from one address for one reason.
+
+    Attributes
+    ----------
+    host : str
+        The peer's address, without the port (each attempt comes from a new port).
+    reason : str
+        Why it was refused, in words (see :func:`jaxsys_kernel.cluster.audit.explain_refusal`).
+    identity : str
+        The identities its certificate claimed, when the certificate got that far.
+    error : str
+        The TLS error as gRPC logged it.
+    attempts : int
+        How many handshakes were refused.
+    first, last : float
+        Wall-clock times (kernel clock) of the first and the latest attempt.
+    last_port : int
+        The source port of the latest attempt.
+    """
+
+    host: str
+    reason: str
+    identity: str = ""
+    error: str = ""
+    attempts: int = 0
+    first: float = 0.0
+    last: float = 0.0
+    last_port: int = 0
 
     def to_dict(self) -> dict:
         """The fields as a dict."""
