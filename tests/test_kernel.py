@@ -347,3 +347,18 @@ def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
     assert min(stamps) < t0 + 2.5
     busy = [[p["busy"] for p in m["content"]["data"]["state"]["liveness"]] for m in updates]
     assert [True, True] in busy
+
+
+def test_dashboard_log_shows_a_refusal_while_a_cell_runs(kernel):
+    kernel.ok("%jaxsys dashboard")
+    out = kernel.ok(KNOCK_WITHOUT_CERTIFICATE + "\nimport time\ntime.sleep(2)")
+    logs = [
+        line
+        for m in out.messages
+        if m["msg_type"] == "comm_msg"
+        for line in m["content"]["data"].get("state", {}).get("event_log", [])
+    ]
+    assert any(
+        re.search(r"refused 1 connection\(s\) from 127\.0\.0\.1: it presented no certificate$", s)
+        for s in logs
+    ), logs

@@ -26,6 +26,19 @@ EXPECTED = {
         "JAX imported in the kernel: False",
         "[p3] 30",
     ],
+    "03-fault-tolerance.ipynb": [
+        "[p0-2] ProcessFailureError: lost devices [6144]",
+        "[p3] checkpoint restored: step 10",
+        "jaxsys hang doctor: p2 failed",
+        "[p0-3] checkpoint restored: step 14",
+    ],
+    "04-security.ipynb": [
+        "did it join? False",
+        "connection(s) from 127.0.0.1: it hung up during the handshake",
+        "from 127.0.0.1: it presented no certificate",
+        "[p0-1] sum over both processes: 3.0",
+        "[p0-1] peer URI prefix: spiffe://jaxsys.local/mylab/",
+    ],
 }
 
 

@@ -214,6 +214,14 @@ def test_intruders_are_refused_and_the_cluster_survives(cluster, tmp_path):
     )
 
 
+def _wait_for_refusal(cluster, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while not cluster.refusals():
+        assert time.monotonic() < deadline, "no refusal reached the kernel"
+        time.sleep(0.1)
+    return cluster.refusals()[0]
+
+
 def _tls_client_without_certificate(address: str, ca_file: str) -> None:
     import socket
     import ssl
@@ -331,11 +339,12 @@ def test_payloads_on_real_links(tag, tmp_path):
     kv_marker = f"KV-{secrets.token_hex(6)}"
     cell_marker = f"CELL-{secrets.token_hex(6)}"
     gloo_marker = f"GLOO-{secrets.token_hex(6)}"
-    with netns.TestHosts(3) as hosts:
+    # Hosts 0-2 run the cluster; host 3 is an intruder on the same network.
+    with netns.TestHosts(4) as hosts:
         c = Cluster(
             hosts=3,
             devices_per_host=1,
-            addresses=hosts.host_addresses,
+            addresses=hosts.host_addresses[:3],
             controller_ip=hosts.bridge_address,
             process_prefix={i: hosts.exec_prefix(i) for i in range(3)},
             progress=lambda e: None,
@@ -363,8 +372,26 @@ def test_payloads_on_real_links(tag, tmp_path):
                     ),
                 )
             assert "[p0-2] total 6.0" in out and "[p0-2] gathered (3, 1088)" in out
+            knock = hosts.popen(
+                3,
+                [sys.executable, "-c", INTRUDER, c.coordinator_address],
+                timeout=30,
+                env={
+                    **{k: v for k, v in os.environ.items() if not k.startswith("JAX_MTLS")},
+                    "JAX_PLATFORMS": "cpu",
+                },
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                refused = _wait_for_refusal(c, timeout=20)
+            finally:
+                netns.kill_group(knock)
         finally:
             c.kill()
+    # Named by its own address on the link, not by a cluster host's.
+    assert refused["host"] == hosts.host_addresses[3]
+    assert "does not speak TLS" in refused["reason"]
     payload = cap.payload_bytes()
     assert payload, "nothing was captured on the links"
     assert kv_marker.encode() not in payload, "the coordination service leaked the KV value"
