@@ -27,10 +27,11 @@ EXPECTED = {
         "[p3] 30",
     ],
     "03-fault-tolerance.ipynb": [
-        "[p0-2] ProcessFailureError: lost devices [6144]",
-        "[p3] checkpoint restored: step 10",
+        # Without process prefixes: survivors may see the failure a collation window apart.
+        "ProcessFailureError: lost devices [6144]",
+        "checkpoint restored: step 10",
         "jaxsys hang doctor: p2 failed",
-        "[p0-3] checkpoint restored: step 14",
+        "checkpoint restored: step 14",
     ],
     "04-security.ipynb": [
         "did it join? False",
