@@ -158,3 +158,23 @@ def test_refusal_table():
     text = format_refusals([r])
     assert text.splitlines()[0].startswith("refused connections to the JAX coordination service: 3")
     assert "10.1.2.3" in text and "why; it claimed spiffe://x/y" in text
+
+
+def test_a_failing_filter_gives_fd_2_back(tmp_path):
+    # If the filter ever breaks, writers to fd 2 (gRPC, inside the coordinator) must not block.
+    sink = os.open(tmp_path / "downstream", os.O_WRONLY | os.O_CREAT)
+    saved = os.dup(2)
+    os.dup2(sink, 2)
+    try:
+        watch = NativeLogWatch(lambda r: None)
+        watch.feed_line = None  # calling it raises TypeError inside the reader thread
+        watch.install()
+        os.write(2, b"first\n")
+        watch._thread.join(5)
+        assert not watch._thread.is_alive()
+        os.write(2, b"second\n")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(sink)
+    assert (tmp_path / "downstream").read_bytes() == b"second\n"

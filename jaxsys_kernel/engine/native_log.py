@@ -30,6 +30,9 @@ _PEER = re.compile(r"grpc\.internal\.endpoint_peer_address=([^,}\s]+)")
 # Printed once by gRPC when its verbosity is raised; it would alarm users for nothing.
 _VERBOSITY_WARNING = b"is not suitable for production"
 
+# A line this long without a newline is passed on as it is rather than held.
+MAX_PARTIAL_LINE = 1 << 20
+
 ENV_WATCH = "JAXSYS_WATCH_HANDSHAKES"
 ENV_DROP_INFO = "JAXSYS_DROP_NATIVE_INFO"
 
@@ -149,18 +152,31 @@ class NativeLogWatch:
                 pass
 
     def _run(self) -> None:
+        try:
+            self._filter()
+        except Exception:  # noqa: BLE001 - see below: fd 2 is restored either way
+            pass
+        finally:
+            # fd 2 must never end at a pipe nobody reads: once it filled, every writer,
+            # gRPC's logging inside the coordination service included, would block.
+            try:
+                os.dup2(self._downstream, 2)
+            except OSError:
+                pass
+
+    def _filter(self) -> None:
         pending = b""
         while True:
-            try:
-                chunk = os.read(self._read_fd, 65536)
-            except OSError:
-                return
+            chunk = os.read(self._read_fd, 65536)
             if not chunk:
                 return
             pending += chunk
             *lines, pending = pending.split(b"\n")
             out = b"".join(self.feed_line(line + b"\n") for line in lines)
-            if pending and self._record is None and not _PARTIAL_HEADER.match(pending):
+            if pending and (
+                len(pending) > MAX_PARTIAL_LINE
+                or (self._record is None and not _PARTIAL_HEADER.match(pending))
+            ):
                 # A partial line that is not a log record (e.g. a progress bar): pass it on now.
                 out += pending
                 pending = b""
