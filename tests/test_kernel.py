@@ -276,9 +276,25 @@ def test_world_restart_from_the_kernel(kernel):
 
 
 def test_rotate_certs_magic(kernel):
+    kernel.ok("get_ipython()._jaxsys_session.cluster.rotation_poll = 0.2")
     out = kernel.ok("%jaxsys rotate-certs")
     assert "new certificates written for p0 (serial" in out.stdout and "p1 (serial" in out.stdout
     assert "every 10 minutes" in out.stdout
+    assert "still presents the old one" in kernel.ok("%jaxsys status").stdout
+    # Restarted processes load the new files at once; the kernel notices and says so, once.
+    notices = kernel.ok("%jaxsys restart", timeout=120).stderr
+    for _ in range(50):
+        if "now presents the rotated certificate" in notices:
+            break
+        time.sleep(0.1)
+        notices += kernel.ok("pass").stderr
+    assert re.search(
+        r"jaxsys: the coordination service now presents the rotated certificate "
+        r"\(serial 0x[0-9a-f]+\), \d+\.\d s after rotate-certs\.",
+        notices,
+    ), notices
+    assert "rotated certificate" not in kernel.ok("pass").stderr
+    assert "presented by the coordination service since" in kernel.ok("%jaxsys status").stdout
 
 
 def _stamp(date) -> float:

@@ -242,6 +242,7 @@ def _tls_client_without_certificate(address: str, ca_file: str) -> None:
 def test_rotation_replaces_certificates_in_place(cluster):
     before = [cluster.pki.serial(i) for i in cluster.ranks]
     ca_before = Path(cluster.pki.credentials(0).ca_file).read_bytes()
+    cluster.rotation_poll = 0.2
     new = cluster.rotate_certs()
     assert new == [cluster.pki.serial(i) for i in cluster.ranks]
     assert not set(new) & set(before)
@@ -253,6 +254,11 @@ def test_rotation_replaces_certificates_in_place(cluster):
         == before[0]
     )
     assert run(cluster, SUM_CELL) == "[p0-1] total 6.0\n"
+    # The watcher has checked several times by now and, rightly, not seen the new one.
+    time.sleep(1.0)
+    rotation = cluster.rotation()
+    assert rotation["serial"] == new[0]
+    assert rotation["in_use_at"] is None and not rotation["gave_up"]
 
 
 # -- clusters of their own -------------------------------------------------------------------

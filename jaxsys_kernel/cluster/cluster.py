@@ -31,6 +31,10 @@ LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 # periods: ipyparallel's default 3 s period makes start-up take 6 s. At 250 ms, with 20
 # misses allowed, an engine is still only declared dead after 5 s without a heartbeat.
 HEARTBEAT_PERIOD_MS = 250
+# After a rotation, how often the served certificate is checked, and for how long: JAX 0.12
+# re-reads certificate files about every 10 minutes, so twice that means something is wrong.
+ROTATION_POLL_S = 15.0
+ROTATION_GIVE_UP_S = 20 * 60.0
 HEARTBEAT_MISSES = 20
 
 
@@ -254,6 +258,9 @@ class Cluster:
         self._early_coordinator: str | None = None
         self._rank_restarts: dict[int, int] = {}
         self._incarnation = 0
+        self.rotation_poll = ROTATION_POLL_S
+        self._rotation: dict | None = None
+        self._rotation_stop = threading.Event()
         _live_clusters.add(self)
 
     # -- the private loop ------------------------------------------------------------------
@@ -588,6 +595,7 @@ class Cluster:
             Seconds the teardown took.
         """
         t0 = time.perf_counter()
+        self._rotation_stop.set()
         pids = self._all_pids()
         client, self.client, self.view = self.client, None, None
         if client is not None:
@@ -809,7 +817,58 @@ class Cluster:
                 "this cluster uses your CA, and jaxsys holds no CA key: issue new certificates "
                 "with your CA and replace the files in the certificate directory in place"
             )
-        return self.pki.rotate()
+        serials = self.pki.rotate()
+        self._watch_rotation(serials[0])
+        return serials
+
+    def rotation(self) -> dict | None:
+        """Where the latest certificate rotation stands, or None if there was none.
+
+        After :meth:`rotate_certs` a background thread asks the coordination service every
+        ``rotation_poll`` seconds which certificate it presents, until it is the new one
+        (or for at most 20 minutes). Only process 0's certificate can be observed this way:
+        it is the one the service presents; the others switch on the same schedule.
+
+        Returns
+        -------
+        dict or None
+            ``rotated_at`` (wall-clock time), ``serial`` (process 0's new serial),
+            ``in_use_at`` (when the service was first seen presenting it, or None) and
+            ``gave_up`` (True if it never did within 20 minutes).
+        """
+        return None if self._rotation is None else dict(self._rotation)
+
+    def _watch_rotation(self, serial: int) -> None:
+        from .pki import peer_certificate_serial
+
+        self._rotation_stop.set()
+        stop = self._rotation_stop = threading.Event()
+        state = self._rotation = {
+            "rotated_at": time.time(),
+            "serial": serial,
+            "in_use_at": None,
+            "gave_up": False,
+        }
+        deadline = time.monotonic() + ROTATION_GIVE_UP_S
+
+        def watch() -> None:
+            while not stop.wait(self.rotation_poll):
+                if self.state == "stopped" or self.pki is None:
+                    return
+                if time.monotonic() > deadline:
+                    state["gave_up"] = True
+                    return
+                try:
+                    served = peer_certificate_serial(
+                        self.coordinator_address, self.pki.credentials(0), timeout=2.0
+                    )
+                except Exception:  # noqa: BLE001 - mid-restart the service may be away
+                    continue
+                if served == serial:
+                    state["in_use_at"] = time.time()
+                    return
+
+        threading.Thread(target=watch, name="jaxsys-rotation", daemon=True).start()
 
     @property
     def security(self) -> str:

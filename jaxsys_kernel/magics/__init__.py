@@ -28,5 +28,6 @@ def register_magics(shell) -> MultihostSession:
     shell.register_magics(JaxSysMagics(shell, session))
     shell.input_transformers_cleanup.insert(0, make_spmd_transformer(session))
     shell.events.register("post_run_cell", session.report_refusals)
+    shell.events.register("post_run_cell", session.report_rotation)
     shell._jaxsys_session = session
     return session

@@ -202,6 +202,9 @@ class JaxSysMagics(Magics):
         elif args.action == "status":
             print(format_status(s.status_rows()))
             print(f"security: {s.cluster.security}")
+            rotation = s.rotation_line()
+            if rotation:
+                print(rotation)
             refused = s.refusals()
             if refused:
                 print(
@@ -222,8 +225,8 @@ class JaxSysMagics(Magics):
             print(
                 "jaxsys: new certificates written for "
                 + ", ".join(f"p{r} (serial {hex(x)[:12]})" for r, x in enumerate(serials))
-                + ".\nJAX re-reads them about every 10 minutes; %jaxsys security shows which "
-                "certificate the coordination service presents."
+                + ".\nJAX re-reads them about every 10 minutes; jaxsys says when the "
+                "coordination service presents the new one (%jaxsys status shows where it stands)."
             )
         elif args.action == "inspect":
             if not args.name:

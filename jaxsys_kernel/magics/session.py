@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,11 @@ from . import executor
 ENV_HOSTS = "JAXSYS_HOSTS"
 ENV_DEVICES = "JAXSYS_DEVICES_PER_HOST"
 ENV_LAUNCHER = "JAXSYS_LAUNCHER"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs} s" if minutes else f"{seconds:.1f} s"
 
 
 def _short_notice(line: str) -> str:
@@ -72,6 +78,8 @@ class MultihostSession:
         self.control_subshell = lambda: None
         # Refused handshakes already told to the user, by (address, error).
         self._refusals_told: dict[tuple[str, str], int] = {}
+        # The rotation (its rotated_at) whose outcome was already told.
+        self._rotation_told: float | None = None
 
     # -- cluster lifecycle ------------------------------------------------------------------
 
@@ -201,8 +209,6 @@ class MultihostSession:
         cache and liveness update from telemetry while cells run, at most ``max_rate``
         times a second. A new dashboard takes over the live updates from the previous one.
         """
-        import time
-
         from ..cluster.audit import refusal_notice
         from ..widgets import Dashboard
 
@@ -256,9 +262,7 @@ class MultihostSession:
 
     def control(self, view, action: str, rank: int | None) -> None:
         """Carry out a control button's action (runs on the control subshell)."""
-        import os
         import signal
-        import time
 
         from . import doctor
 
@@ -331,6 +335,48 @@ class MultihostSession:
             return
         for line in lines:
             print(line, file=sys.stderr)
+
+    def report_rotation(self, *_args) -> None:
+        """Tell the user, after a cell, once the rotated certificates are in use.
+
+        Registered as a ``post_run_cell`` hook; prints once per rotation.
+        """
+        cluster = self.cluster
+        rotation = cluster.rotation() if cluster is not None else None
+        if rotation is None or rotation["rotated_at"] == self._rotation_told:
+            return
+        if rotation["in_use_at"] is not None:
+            took = rotation["in_use_at"] - rotation["rotated_at"]
+            print(
+                f"jaxsys: the coordination service now presents the rotated certificate "
+                f"(serial {rotation['serial']:#x}), {_duration(took)} after rotate-certs.",
+                file=sys.stderr,
+            )
+        elif rotation["gave_up"]:
+            print(
+                "jaxsys: 20 minutes after rotate-certs the coordination service still presents "
+                "the old certificate; %jaxsys restart makes every process load the new ones.",
+                file=sys.stderr,
+            )
+        else:
+            return
+        self._rotation_told = rotation["rotated_at"]
+
+    def rotation_line(self) -> str | None:
+        """One line on the latest rotation for ``%jaxsys status``, or None if there was none."""
+        rotation = self.cluster.rotation() if self.cluster is not None else None
+        if rotation is None:
+            return None
+        stamp = time.strftime("%H:%M:%S", time.localtime(rotation["rotated_at"]))
+        if rotation["in_use_at"] is not None:
+            since = time.strftime("%H:%M:%S", time.localtime(rotation["in_use_at"]))
+            return f"certificates: rotated at {stamp}; presented by the coordination service since {since}"
+        if rotation["gave_up"]:
+            return f"certificates: rotated at {stamp}; never presented (%jaxsys restart loads them)"
+        return (
+            f"certificates: rotated at {stamp}; the coordination service still presents the old "
+            "one (JAX re-reads the files about every 10 minutes)"
+        )
 
     def shutdown(self) -> None:
         """Kill everything at once; used when the kernel shuts down."""
