@@ -166,6 +166,11 @@ class Cluster:
     telemetry : bool
         Run an agent in every process that streams heartbeats and compilation-cache events
         to ``self.telemetry`` (a :class:`~jaxsys_kernel.telemetry.hub.TelemetryHub`).
+    launcher_options : mapping, optional
+        Settings for ipyparallel's engine launcher of the ``ssh``, ``mpi`` or ``slurm``
+        kind, by trait name, e.g. ``{"ssh_args": ["-i", "key"], "remote_python":
+        "/opt/venv/bin/python"}``. For ``ssh``, ``remote_python`` defaults to this
+        Python's path, which suits hosts that share its filesystem.
 
     Examples
     --------
@@ -195,6 +200,7 @@ class Cluster:
         controller_ip: str | None = None,
         process_prefix: Mapping[int, Sequence[str]] | None = None,
         telemetry: bool = True,
+        launcher_options: Mapping[str, Any] | None = None,
     ):
         if launcher not in LAUNCHERS:
             raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
@@ -234,6 +240,11 @@ class Cluster:
             raise ValueError(f"addresses has {len(addresses)} entries for {self.nprocs} processes")
         self.addresses = list(addresses) if addresses is not None else ["127.0.0.1"] * self.nprocs
         self.controller_ip = controller_ip
+        if launcher_options and launcher == "local":
+            raise ValueError("launcher_options apply to the ssh, mpi and slurm launchers")
+        self.launcher_options = dict(launcher_options or {})
+        if launcher == "ssh":
+            self.launcher_options.setdefault("remote_python", sys.executable)
         self.process_prefix = {int(k): list(v) for k, v in (process_prefix or {}).items()}
         self.secure = secure
         self.telemetry_enabled = telemetry
@@ -604,6 +615,8 @@ class Cluster:
             except Exception:  # noqa: BLE001 - the client may already be half-closed
                 pass
         _killpg_all(pids)
+        if self._ipp is not None and self.launcher == "ssh":
+            _kill_over_ssh(list(self._ipp.engines.values()))
         if self._ipp is not None:
             # Forget the launchers so ipyparallel does not try a slow stop later.
             self._ipp.engines = {}
@@ -641,8 +654,10 @@ class Cluster:
             ctl = self._ipp.controller
             if ctl is not None and getattr(ctl, "pid", None):
                 pids.add(ctl.pid)
-            for es in list(self._ipp.engines.values()):
-                pids.update(_launcher_pids(es))
+            # An ssh launcher's pids are the engines' pids on their hosts, not here.
+            if self.launcher != "ssh":
+                for es in list(self._ipp.engines.values()):
+                    pids.update(_launcher_pids(es))
         for p in self.processes:
             for pid in (p.pid, p.nanny_pid):
                 if pid and self.launcher == "local":
@@ -668,6 +683,10 @@ class Cluster:
         if self.launcher != "local":
             # Remote launchers start engines from a shell, not from this process.
             env.pop("JAXSYS_PARENT_PID")
+        if self.launcher == "ssh":
+            # The process that spawns an engine on its host exits at once; the engine must
+            # not die with it. It goes when the controller stops answering its heartbeats.
+            env["JAXSYS_NO_PDEATHSIG"] = "1"
         flags = [
             f
             for f in os.environ.get("XLA_FLAGS", "").split()
@@ -758,7 +777,9 @@ class Cluster:
             env = self._engine_env(0)
             env.pop("JAXSYS_PROCESS_ID")
             set_id = f"all-{tag}"
-            await ipp_cluster.start_engines(n=self.nprocs, engine_set_id=set_id, environment=env)
+            await ipp_cluster.start_engines(
+                n=self.nprocs, engine_set_id=set_id, environment=env, **self.launcher_options
+            )
             self._engine_sets = dict.fromkeys(self.ranks, set_id)
 
     async def _launch_rank(self, rank: int, set_id: str) -> None:
@@ -777,6 +798,7 @@ class Cluster:
             kwargs["engine_args"].append(f"--IPEngine.url_file={self._engine_file()}")
         if self.launcher == "ssh":
             kwargs["engines"] = {self.host_names[rank]: 1}
+            kwargs.update(self.launcher_options)
         elif rank in self.process_prefix:
             kwargs["engine_cmd"] = [
                 *self.process_prefix[rank],
@@ -793,7 +815,11 @@ class Cluster:
         cluster_id = self._ipp.cluster_id
         if self.ca_file is not None:
             return ClusterPKI.from_user(self.ca_file, self.cert_dir, cluster_id, self.nprocs)
-        hosts = self.addresses if self.launcher == "local" else self.host_names
+        hosts = (
+            self.addresses
+            if self.launcher == "local"
+            else [_host_part(h) for h in self.host_names or ()] or None
+        )
         return ClusterPKI.create(self._profile / "pki", cluster_id, self.nprocs, hosts)
 
     def rotate_certs(self) -> list[int]:
@@ -1264,6 +1290,43 @@ def _short_error(exc: BaseException) -> str:
 def _sub_launchers(es) -> list:
     subs = getattr(es, "launchers", None)
     return list(subs.values()) if subs else [es]
+
+
+def _host_part(host: str) -> str:
+    """``user@node7:2222`` -> ``node7``: what goes into a certificate."""
+    return host.rpartition("@")[2].split(":")[0]
+
+
+def _kill_over_ssh(engine_sets, timeout: float = 10.0) -> None:
+    """SIGKILL every engine started over ssh, on its host, all hosts at once."""
+    launchers = [
+        sub
+        for es in engine_sets
+        for sub in _sub_launchers(es)
+        if isinstance(getattr(sub, "pid", None), int) and sub.pid > 1
+    ]
+
+    def kill(sub) -> None:
+        try:
+            sub.ssh_sender.cmd_kill(sub.pid, signal.SIGKILL)
+        except Exception:  # noqa: BLE001 - a host that cannot be reached keeps its engine
+            pass
+
+    threads = [threading.Thread(target=kill, args=(sub,), daemon=True) for sub in launchers]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    # Each launcher keeps an ssh session open that waits for its engine; with the engine
+    # gone it returns, and it must, before its host may go away under it.
+    for sub in launchers:
+        stop = getattr(sub, "_stop_waiting", None)
+        if stop is not None:
+            stop.set()
+        waiter = getattr(sub, "_wait_thread", None)
+        if waiter is not None:
+            waiter.join(max(0.0, deadline - time.monotonic()))
 
 
 def _launcher_pids(es) -> list[int]:

@@ -16,7 +16,8 @@ from pathlib import Path
 # jaxsys imports so it also works where only ipyparallel is installed.
 _PDEATHSIG_SNIPPET = """\
 import ctypes, os, signal, sys
-if sys.platform.startswith("linux"):
+# Engines started over ssh outlive the short-lived process that spawned them on purpose.
+if sys.platform.startswith("linux") and not os.environ.get("JAXSYS_NO_PDEATHSIG"):
     _libc = ctypes.CDLL(None, use_errno=True)
     _libc.prctl(1, signal.{signal})  # PR_SET_PDEATHSIG
     # The parent may have died before prctl took effect.
