@@ -6,7 +6,8 @@ kernel side reaches them over the bridge, exactly as it would reach real machine
 
 from __future__ import annotations
 
-import sys
+import os
+import signal
 import time
 
 import pytest
@@ -56,40 +57,71 @@ def _engines_in(hosts: netns.TestHosts, nannies: bool = False) -> list[int]:
     return engines
 
 
-def test_cluster_over_ssh(tag, tmp_path):
+@pytest.fixture(scope="module")
+def ssh_hosts(tag, tmp_path_factory):
+    """Two hosts, each a network namespace running its own sshd."""
     reason = sshd.available()
     if reason:
         pytest.skip(f"no ssh servers in network namespaces here: {reason}")
-    with netns.TestHosts(2, prefix="js") as hosts, sshd.SSHServers(hosts, tmp_path) as ssh:
-        c = Cluster(
-            hosts=[ssh.destination(i) for i in range(2)],
-            devices_per_host=2,
-            launcher="ssh",
-            controller_ip=hosts.bridge_address,
-            env={"JAX_PLATFORMS": "cpu"},
-            launcher_options={
-                "ssh_args": ssh.ssh_args,
-                "scp_args": ssh.ssh_args,
-                "remote_python": sys.executable,
-            },
-            progress=lambda e: None,
-        )
-        try:
-            c.start_sync()
-            # Process 0 serves the coordination service on its own host's address.
-            assert c.coordinator_address.startswith(hosts.host_addresses[0] + ":")
-            assert [p["state"] for p in c.status()] == ["ready", "ready"]
-            sink = Capture()
-            executor.raise_for_run(executor.execute(c, SUM_CELL, sink=sink))
-            assert sink.out == "[p0-1] total 6.0 devices 4\n"
-            # Process i runs on host i: the one its ssh destination named.
-            assert [p["address"] for p in c.status()] == hosts.host_addresses
-            assert len(_engines_in(hosts)) == 2
-        finally:
-            took = c.kill()
-        # Stopping reaches the engines on their hosts, over ssh.
-        deadline = time.monotonic() + 10
-        while _engines_in(hosts, nannies=True) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _engines_in(hosts, nannies=True) == [], "engines survived on their hosts"
-        assert took < 10
+    with (
+        netns.TestHosts(2, prefix="js") as hosts,
+        sshd.SSHServers(hosts, tmp_path_factory.mktemp("ssh")) as ssh,
+    ):
+        yield hosts, ssh
+
+
+def _cluster(hosts, ssh) -> Cluster:
+    return Cluster(
+        hosts=[ssh.destination(i) for i in range(hosts.n)],
+        devices_per_host=2,
+        launcher="ssh",
+        controller_ip=hosts.bridge_address,
+        env={"JAX_PLATFORMS": "cpu"},
+        launcher_options={"ssh_args": ssh.ssh_args, "scp_args": ssh.ssh_args},
+        progress=lambda e: None,
+    )
+
+
+def _wait_engines_gone(hosts, timeout: float) -> float:
+    t0 = time.monotonic()
+    while _engines_in(hosts, nannies=True) and time.monotonic() - t0 < timeout:
+        time.sleep(0.1)
+    assert _engines_in(hosts, nannies=True) == [], "engines survived on their hosts"
+    return time.monotonic() - t0
+
+
+def test_cluster_over_ssh(ssh_hosts):
+    hosts, ssh = ssh_hosts
+    c = _cluster(hosts, ssh)
+    try:
+        c.start_sync()
+        # Process 0 serves the coordination service on its own host's address.
+        assert c.coordinator_address.startswith(hosts.host_addresses[0] + ":")
+        assert [p["state"] for p in c.status()] == ["ready", "ready"]
+        sink = Capture()
+        executor.raise_for_run(executor.execute(c, SUM_CELL, sink=sink))
+        assert sink.out == "[p0-1] total 6.0 devices 4\n"
+        # Process i runs on host i: the one its ssh destination named.
+        assert [p["address"] for p in c.status()] == hosts.host_addresses
+        assert len(_engines_in(hosts)) == 2
+    finally:
+        took = c.kill()
+    # Stopping reaches the engines on their hosts, over ssh.
+    _wait_engines_gone(hosts, timeout=10)
+    assert took < 10
+
+
+def test_engines_over_ssh_leave_when_the_kernel_dies(ssh_hosts):
+    # A dying kernel takes its controller along (death signal: SIGTERM, which lets the
+    # controller stop its schedulers); nothing can signal the remote engines, so they
+    # must notice the silence themselves.
+    hosts, ssh = ssh_hosts
+    c = _cluster(hosts, ssh)
+    try:
+        c.start_sync()
+        assert len(_engines_in(hosts)) == 2
+        os.kill(c._ipp.controller.pid, signal.SIGTERM)
+        took = _wait_engines_gone(hosts, timeout=40)
+    finally:
+        c.kill()
+    assert took < 30

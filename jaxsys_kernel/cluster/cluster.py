@@ -31,6 +31,8 @@ LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 # periods: ipyparallel's default 3 s period makes start-up take 6 s. At 250 ms, with 20
 # misses allowed, an engine is still only declared dead after 5 s without a heartbeat.
 HEARTBEAT_PERIOD_MS = 250
+# Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
+SSH_HEARTBEAT_MISSES = 20
 # After a rotation, how often the served certificate is checked, and for how long: JAX 0.12
 # re-reads certificate files about every 10 minutes, so twice that means something is wrong.
 ROTATION_POLL_S = 15.0
@@ -968,7 +970,13 @@ class Cluster:
     def _nanny_args(self) -> list[str]:
         # The nanny relays signals to remote engines. Local engines are signalled directly,
         # and starting a nanny costs each engine ~1 s of start-up on a busy machine.
-        return ["--IPEngine.enable_nanny=False"] if self.launcher == "local" else []
+        if self.launcher == "local":
+            return ["--IPEngine.enable_nanny=False"]
+        if self.launcher == "ssh":
+            # No death signal reaches an engine started over ssh: when the kernel dies, the
+            # controller goes with it and the engine leaves once its heartbeats stop.
+            return [f"--IPEngine.max_heartbeat_misses={SSH_HEARTBEAT_MISSES}"]
+        return []
 
     def _unregister(self, engine_ids: set[int]) -> None:
         """Tell the hub that these engines are gone, as a nanny would, freeing their ids."""
@@ -1307,14 +1315,23 @@ def _kill_over_ssh(engine_sets, timeout: float = 10.0) -> None:
     ]
 
     def kill(sub) -> None:
+        # The launcher would fetch the engine's log once it stopped; nobody reads it now,
+        # and the host may be gone by then.
+        sub._output = ""
         try:
             sub.ssh_sender.cmd_kill(sub.pid, signal.SIGKILL)
         except Exception:  # noqa: BLE001 - a host that cannot be reached keeps its engine
             pass
 
-    threads = [threading.Thread(target=kill, args=(sub,), daemon=True) for sub in launchers]
-    for t in threads:
-        t.start()
+    threads = []
+    for sub in launchers:
+        t = threading.Thread(target=kill, args=(sub,), daemon=True)
+        try:
+            t.start()
+        except RuntimeError:  # at interpreter exit no thread can start: one host at a time
+            kill(sub)
+        else:
+            threads.append(t)
     deadline = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
