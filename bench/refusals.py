@@ -14,8 +14,6 @@ Usage: ``python bench/refusals.py [--rounds N]``.
 from __future__ import annotations
 
 import argparse
-import socket
-import ssl
 import statistics
 import sys
 import threading
@@ -26,32 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jaxsys_kernel import Cluster  # noqa: E402
 from jaxsys_kernel.magics import executor  # noqa: E402
+from tests.harness import OutputSink, tls_knock  # noqa: E402
 
 WAIT_LIMIT = 10.0
-
-
-class Collect(executor.Sink):
-    def __init__(self):
-        self.text = ""
-
-    def stdout(self, text):
-        self.text += text
-
-    stderr = stdout
-
-
-def knock(address: str) -> None:
-    """One TLS connection without a client certificate."""
-    host, port = address.rsplit(":", 1)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection((host, int(port)), timeout=5) as raw:
-        try:
-            with ctx.wrap_socket(raw) as tls:
-                tls.recv(1)
-        except (ssl.SSLError, OSError):
-            pass
 
 
 def attempts(cluster: Cluster) -> int:
@@ -69,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             before = attempts(cluster)
             t0 = time.monotonic()
-            knock(cluster.coordinator_address)
+            tls_knock(cluster.coordinator_address)
             while attempts(cluster) == before:
                 if time.monotonic() - t0 > WAIT_LIMIT:
                     raise SystemExit(f"a refusal was not reported within {WAIT_LIMIT:g} s")
@@ -81,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(200):
                 if stop.is_set():
                     return
-                knock(cluster.coordinator_address)
+                tls_knock(cluster.coordinator_address)
 
         knocker = threading.Thread(target=burst, daemon=True)
         before = attempts(cluster)
         knocker.start()
-        sink = Collect()
+        sink = OutputSink()
         run = executor.execute(
             cluster, "import time\nfor i in range(5):\n    print(i)\n    time.sleep(0.1)", sink=sink
         )
@@ -97,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         during = attempts(cluster) - before
     finally:
         cluster.kill()
-    leaked = sink.text != "".join(f"[p0-1] {i}\n" for i in range(5))
+    leaked = sink.out != "".join(f"[p0-1] {i}\n" for i in range(5))
     med = statistics.median(latencies)
     print(f"{'measure':36} {'value':>9}")
     print(f"{'knock -> reported, median (s)':36} {med:9.4f}")

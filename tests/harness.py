@@ -13,6 +13,8 @@ import psutil
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import schema_fragments, validate_message
 
+from jaxsys_kernel.magics import executor
+
 # Every process a test starts inherits this tag, so the census finds exactly ours.
 TAG_VAR = "JAXSYS_TEST_RUN"
 
@@ -169,3 +171,47 @@ def kernel_with_cluster(tag: str, start: str = "%jaxsys start --hosts 2 --device
         yield k
     finally:
         k.shutdown()
+
+
+class OutputSink(executor.Sink):
+    """Collects a cell's collated stdout and stderr, in arrival order."""
+
+    def __init__(self):
+        self.out = ""
+
+    def stdout(self, text):
+        self.out += text
+
+    stderr = stdout
+
+
+def run_on(cluster, code: str) -> str:
+    """Run ``code`` on every process of ``cluster``; return its collated output or raise."""
+    sink = OutputSink()
+    executor.raise_for_run(executor.execute(cluster, code, sink=sink))
+    return sink.out
+
+
+def tls_knock(address: str, ca_file: str | None = None) -> None:
+    """Connect to a TLS server (``host:port``) as a client that has no certificate.
+
+    With ``ca_file`` the client checks the server against it; without, it trusts anyone.
+    The handshake's outcome is ignored: the server's side of it is what tests look at.
+    """
+    import socket
+    import ssl
+
+    host, port = address.rsplit(":", 1)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    if ca_file:
+        ctx.load_verify_locations(cafile=ca_file)
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])  # gRPC servers negotiate HTTP/2
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        try:
+            with ctx.wrap_socket(raw) as tls:
+                tls.recv(1)  # TLS 1.3: the server's verdict arrives after the handshake
+        except (ssl.SSLError, OSError):
+            pass

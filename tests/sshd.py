@@ -217,15 +217,7 @@ class SSHServers:
             self.logs.append(self.dir / f"sshd.{i}.log")
         # A bad configuration is reported here, with sshd's reason, rather than as a
         # server that never answers.
-        check = subprocess.run(
-            [str(SSHD), "-t", "-f", str(self.configs[0])],
-            capture_output=True,
-            text=True,
-            timeout=_COMMAND_TIMEOUT,
-            check=False,
-        )
-        if check.returncode != 0:
-            raise RuntimeError(f"sshd rejects its configuration: {check.stderr.strip()}")
+        _checked([str(SSHD), "-t", "-f", str(self.configs[0])], "sshd rejects its configuration")
 
     def _start(self) -> None:
         for i, (config, log) in enumerate(zip(self.configs, self.logs, strict=True)):
@@ -315,8 +307,16 @@ class SSHServers:
 
 def _keygen(path: Path) -> None:
     """Make an ed25519 key pair without passphrase at ``path`` and ``path.pub``."""
-    proc = subprocess.run(
+    _checked(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "jaxsys-test", "-f", str(path)],
+        "ssh-keygen failed",
+    )
+
+
+def _checked(argv: list[str], failure: str) -> None:
+    """Run ``argv``; raise RuntimeError starting with ``failure`` if it does not succeed."""
+    proc = subprocess.run(
+        argv,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -324,7 +324,7 @@ def _keygen(path: Path) -> None:
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"ssh-keygen failed: {proc.stderr.strip() or proc.returncode}")
+        raise RuntimeError(f"{failure}: {proc.stderr.strip() or proc.returncode}")
 
 
 def _config(address: str, *, host_key: Path, authorized_keys: Path, pid_file: Path) -> str:

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from .harness import tls_knock
+
 
 def test_kernel_info(kernel):
     info = kernel.request("kernel_info")
@@ -224,25 +226,17 @@ def test_security_audit_lists_every_endpoint(kernel):
     assert "with no protection" in text  # gloo stays plaintext and is said so
 
 
-KNOCK_WITHOUT_CERTIFICATE = """
-import socket, ssl
-host, port = get_ipython()._jaxsys_session.cluster.coordinator_address.rsplit(":", 1)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-ctx.set_alpn_protocols(["h2"])
-with socket.create_connection((host, int(port)), timeout=5) as raw:
-    try:
-        with ctx.wrap_socket(raw) as tls:
-            tls.recv(1)
-    except (ssl.SSLError, OSError):
-        pass
-"""
+def _coordinator(kernel) -> str:
+    return kernel.ok(
+        "print(get_ipython()._jaxsys_session.cluster.coordinator_address)"
+    ).stdout.strip()
 
 
 def test_the_kernel_reports_who_was_refused(kernel):
     # The refusal travels from process 0 as telemetry and is reported once, after the
     # first cell that ends once it has arrived: this one, or a later one.
-    notices = kernel.ok(KNOCK_WITHOUT_CERTIFICATE).stderr
+    address = _coordinator(kernel)
+    notices = kernel.execute("pass", on_start=lambda: tls_knock(address)).stderr
     for _ in range(50):
         if notices:
             break
@@ -366,8 +360,10 @@ def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
 
 
 def test_dashboard_log_shows_a_refusal_while_a_cell_runs(kernel):
+    address = _coordinator(kernel)
     kernel.ok("%jaxsys dashboard")
-    out = kernel.ok(KNOCK_WITHOUT_CERTIFICATE + "\nimport time\ntime.sleep(2)")
+    out = kernel.execute("import time\ntime.sleep(2)", on_start=lambda: tls_knock(address))
+    assert out.status == "ok"
     logs = [
         line
         for m in out.messages

@@ -24,9 +24,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from jaxsys_kernel import Cluster, ClusterStartError
 from jaxsys_kernel.cluster.audit import audit
 from jaxsys_kernel.cluster.pki import ClusterPKI, PKIError, peer_certificate_serial
-from jaxsys_kernel.magics import executor
 
 from . import netns
+from .harness import run_on as run
+from .harness import tls_knock
 
 SUM_CELL = """
 import jax, numpy as np
@@ -36,24 +37,6 @@ local = np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float
 arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P('x')), local)
 print('total', float(jax.jit(lambda a: a.sum())(arr)))
 """
-
-
-class Capture(executor.Sink):
-    def __init__(self):
-        self.out = ""
-
-    def stdout(self, text):
-        self.out += text
-
-    def stderr(self, text):
-        self.out += text
-
-
-def run(cluster, code: str) -> str:
-    sink = Capture()
-    r = executor.execute(cluster, code, sink=sink)
-    executor.raise_for_run(r)
-    return sink.out
 
 
 def _engine_jax_settings():
@@ -186,7 +169,7 @@ def test_intruders_are_refused_and_the_cluster_survives(cluster, tmp_path):
     try:
         # While they knock, cells run and their output carries none of gRPC's tracing.
         assert run(cluster, SUM_CELL) == "[p0-1] total 6.0\n"
-        _tls_client_without_certificate(cluster.coordinator_address, pki.credentials(1).ca_file)
+        tls_knock(cluster.coordinator_address, pki.credentials(1).ca_file)
         for name, p in procs.items():
             out, _ = p.communicate(timeout=60)
             assert p.returncode != 0, f"{name}: {out[-500:]!r}"
@@ -220,23 +203,6 @@ def _wait_for_refusal(cluster, timeout: float) -> dict:
         assert time.monotonic() < deadline, "no refusal reached the kernel"
         time.sleep(0.1)
     return cluster.refusals()[0]
-
-
-def _tls_client_without_certificate(address: str, ca_file: str) -> None:
-    import socket
-    import ssl
-
-    host, port = address.rsplit(":", 1)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.load_verify_locations(cafile=ca_file)
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection((host, int(port)), timeout=5) as raw:
-        try:
-            with ctx.wrap_socket(raw) as tls:
-                tls.recv(1)  # TLS 1.3: the server's verdict arrives after the handshake
-        except (ssl.SSLError, OSError):
-            pass
 
 
 def test_rotation_replaces_certificates_in_place(cluster):

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from jaxsys_kernel import Cluster
-from jaxsys_kernel.magics import executor
 
 from . import netns, sshd
+from .harness import run_on
 
 SUM_CELL = """
 import jax, numpy as np
@@ -25,16 +25,6 @@ local = np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float
 arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P('x')), local)
 print('total', float(jax.jit(lambda a: a.sum())(arr)), 'devices', jax.device_count())
 """
-
-
-class Capture(executor.Sink):
-    def __init__(self):
-        self.out = ""
-
-    def stdout(self, text):
-        self.out += text
-
-    stderr = stdout
 
 
 def _engines_in(hosts: netns.TestHosts, nannies: bool = False) -> list[int]:
@@ -98,9 +88,7 @@ def test_cluster_over_ssh(ssh_hosts):
         # Process 0 serves the coordination service on its own host's address.
         assert c.coordinator_address.startswith(hosts.host_addresses[0] + ":")
         assert [p["state"] for p in c.status()] == ["ready", "ready"]
-        sink = Capture()
-        executor.raise_for_run(executor.execute(c, SUM_CELL, sink=sink))
-        assert sink.out == "[p0-1] total 6.0 devices 4\n"
+        assert run_on(c, SUM_CELL) == "[p0-1] total 6.0 devices 4\n"
         # Process i runs on host i: the one its ssh destination named.
         assert [p["address"] for p in c.status()] == hosts.host_addresses
         assert len(_engines_in(hosts)) == 2
