@@ -92,6 +92,16 @@ def test_cluster_over_ssh(ssh_hosts):
         # Process i runs on host i: the one its ssh destination named.
         assert [p["address"] for p in c.status()] == hosts.host_addresses
         assert len(_engines_in(hosts)) == 2
+        # Faults on real hosts: kill one process, bring it back into the running world,
+        # then restart the whole world, which must replace (not add to) the engines.
+        c.kill_process(1)
+        assert [p["state"] for p in c.status()] == ["ready", "dead"]
+        c.restart_process_sync(1)
+        assert [p["state"] for p in c.status()] == ["ready", "ready"]
+        assert run_on(c, "import jax; print(jax.process_count())") == "[p0-1] 2\n"
+        c.restart_sync()
+        assert run_on(c, SUM_CELL) == "[p0-1] total 6.0 devices 4\n"
+        assert len(_engines_in(hosts)) == 2
     finally:
         took = c.kill()
     # Stopping reaches the engines on their hosts, over ssh.

@@ -524,11 +524,18 @@ class Cluster:
                 "this cluster runs without recoverability, so a single process cannot rejoin: "
                 "restart the whole world"
             )
-        if self.launcher != "local":
-            raise ClusterError("restarting a single process needs the local launcher")
+        if self.launcher not in ("local", "ssh"):
+            raise ClusterError(
+                "restarting a single process needs the local or the ssh launcher: "
+                "restart the whole world"
+            )
         t0 = time.perf_counter()
         p = self.processes[rank]
-        if p.pid and pid_alive(p.pid):
+        if self.launcher == "ssh":
+            launcher = self._engine_launcher(rank)
+            if launcher is not None:
+                await asyncio.to_thread(_kill_over_ssh, [launcher])
+        elif p.pid and pid_alive(p.pid):
             _killpg_all([p.pid, *_launcher_pids(self._engine_launcher(rank))])
             await asyncio.to_thread(_wait_gone, [p.pid], 5.0)
         p.state = "restarting"
@@ -1088,6 +1095,9 @@ class Cluster:
         p0 = self.processes[0]
         if self._early_coordinator:
             self.coordinator_address = bind = self._early_coordinator
+        elif 0 not in ranks and self.coordinator_address:
+            # A process rejoining the running world: same coordinator, nothing to bind.
+            bind = None
         else:
             port = self.client[p0.engine_id].apply_sync(bootstrap.free_port)
             self.coordinator_address = f"{p0.address}:{port}"
@@ -1217,19 +1227,25 @@ class Cluster:
     async def _restart(self) -> float:
         self._require_ready()
         t0 = time.perf_counter()
-        old_pids = []
-        for rank in self.ranks:
-            es = self._engine_launcher(rank)
-            if es is not None:
-                old_pids.extend(_launcher_pids(es))
+        old_launchers = [
+            es for es in (self._engine_launcher(rank) for rank in self.ranks) if es is not None
+        ]
+        # Pids of engines started over ssh (and nannies anywhere but here) belong to
+        # other hosts: they are never signalled from this one.
+        old_pids = (
+            []
+            if self.launcher == "ssh"
+            else [pid for es in old_launchers for pid in _launcher_pids(es)]
+        )
         old_ids = {p.engine_id for p in self.processes}
         old_uuids = self._engine_uuids()
-        old_pids.extend(p.nanny_pid for p in self.processes if p.nanny_pid)
         old_sets = set(self._engine_sets.values())
         self.state = "restarting"
         for p in self.processes:
             p.state = "restarting"
         _killpg_all(old_pids)
+        if self.launcher == "ssh":
+            await asyncio.to_thread(_kill_over_ssh, old_launchers)
         if self.telemetry is not None:
             self.telemetry.reset()
         for set_id in old_sets:
