@@ -109,6 +109,39 @@ def test_cluster_over_ssh(ssh_hosts):
     assert took < 10
 
 
+FAIL_BEFORE_COLLECTIVE = """
+import jax, numpy as np
+from jax.experimental import multihost_utils
+if jax.process_index() == 1:
+    raise ValueError('p1 fails before the collective')
+multihost_utils.process_allgather(np.ones(3))
+"""
+
+
+def test_hang_doctor_reads_stacks_from_other_hosts(ssh_hosts, capsys):
+    # The stacks of a process stuck on another host come back over telemetry, and the
+    # interrupt reaches it through its nanny.
+    from jaxsys_kernel.magics.session import MultihostSession
+
+    hosts, ssh = ssh_hosts
+    session = MultihostSession()
+    session.cluster = c = _cluster(hosts, ssh)
+    try:
+        c.start_sync()
+        capsys.readouterr()
+        with pytest.raises(Exception) as err:
+            session.run_cell(FAIL_BEFORE_COLLECTIVE, grace=2)
+        report = capsys.readouterr().err
+    finally:
+        c.kill()
+    assert type(err.value).__name__ == "MultihostHang"
+    assert "jaxsys hang doctor: p1 failed and p0 kept running for 2 s more" in report
+    assert "p0: still running" in report
+    assert "** " in report and "multihost_utils.py" in report  # inside the collective
+    assert ">> " in report  # and the user's line that called it
+    assert "jaxsys: interrupting p0" in report
+
+
 def test_engines_over_ssh_leave_when_the_kernel_dies(ssh_hosts):
     # A dying kernel takes its controller along (death signal: SIGTERM, which lets the
     # controller stop its schedulers); nothing can signal the remote engines, so they

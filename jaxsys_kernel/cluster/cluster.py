@@ -696,6 +696,9 @@ class Cluster:
             # The process that spawns an engine on its host exits at once; the engine must
             # not die with it. It goes when the controller stops answering its heartbeats.
             env["JAXSYS_NO_PDEATHSIG"] = "1"
+        if self.launcher != "local":
+            # Stack files of other hosts cannot be read from here (engine/bootstrap.py).
+            env["JAXSYS_RELAY_STACKS"] = "1"
         flags = [
             f
             for f in os.environ.get("XLA_FLAGS", "").split()

@@ -17,6 +17,10 @@ RANK_VARIABLES = ("JAXSYS_PROCESS_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLUR
 
 OUTPUT_FLUSH_INTERVAL = 0.05
 _stack_fh = None
+# Set for engines on other hosts: their stack dumps reach the kernel as telemetry.
+ENV_STACKS_RELAY = "JAXSYS_RELAY_STACKS"
+STACK_RELAY_INTERVAL = 0.1
+MAX_STACK_DUMP = 256 * 1024
 
 
 def process_rank() -> int:
@@ -53,10 +57,13 @@ def describe_process() -> dict:
     """
     if hasattr(signal, "SIGUSR1"):
         # A file of its own: fd 2 is captured by ipykernel and would land in cell output.
-        stack_file = os.environ.get("JAXSYS_STACK_FILE")
+        relay = bool(os.environ.get(ENV_STACKS_RELAY))
+        stack_file = os.environ.get("JAXSYS_STACK_FILE") or (_own_stack_file() if relay else None)
         global _stack_fh
         if stack_file and _stack_fh is None:
             _stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
+            if relay:
+                _start_stack_relay(stack_file)
         faulthandler.register(signal.SIGUSR1, file=_stack_fh or sys.__stderr__, all_threads=True)
     # ipykernel sends buffered output every 0.2 s; processes flushing out of phase would
     # then print the same line up to 0.2 s apart, too far apart for the kernel to merge.
@@ -89,6 +96,46 @@ def describe_process() -> dict:
         "address": address,
         "nanny_pid": nanny_pid,
     }
+
+
+def _own_stack_file() -> str:
+    """A stack file on this host: in the engine's profile if it has one, else in /tmp."""
+    import tempfile
+
+    base = os.path.join(os.environ.get("IPP_PROFILE_DIR", ""), "log")
+    if not os.path.isdir(base):
+        base = tempfile.gettempdir()
+    return os.path.join(base, f"jaxsys-stacks-p{process_rank()}-{os.getpid()}.txt")
+
+
+def _start_stack_relay(path: str) -> None:
+    """Send what faulthandler appends to ``path`` to the kernel, as telemetry.
+
+    faulthandler writes from its C signal handler, which works while the main thread sits
+    in a collective; this thread only needs the GIL, which JAX releases while it waits.
+    """
+    from ..telemetry import schema
+    from . import agent
+
+    def relay() -> None:
+        offset = os.path.getsize(path) if os.path.exists(path) else 0
+        while True:
+            time.sleep(STACK_RELAY_INTERVAL)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue
+            if size <= offset:
+                continue
+            time.sleep(0.05)  # the rest of the dump lands within microseconds
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            offset += len(data)
+            text = data.decode("utf-8", "replace")[-MAX_STACK_DUMP:]
+            agent.publish(schema.STACKS, text=text)
+
+    threading.Thread(target=relay, name="jaxsys-stack-relay", daemon=True).start()
 
 
 def free_port(bind: str = "") -> int:

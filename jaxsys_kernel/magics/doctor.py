@@ -1,7 +1,7 @@
 """The hang doctor: what every process of a stuck cell is doing, and where.
 
 Each engine arms ``faulthandler`` on SIGUSR1 at start-up (engine/bootstrap.py), writing to
-a stack file of its own. Dumping stacks therefore works even while a process sits inside a C++
+a stack file of its own; engines on other hosts relay what lands there as telemetry. Dumping stacks therefore works even while a process sits inside a C++
 collective with the GIL released, where no Python-level handler could run.
 """
 
@@ -36,11 +36,10 @@ def dump_stacks(cluster, ranks: list[int], timeout: float = 2.0) -> dict[int, st
     Returns
     -------
     dict
-        The dump text by rank; ranks whose dump could not be read are missing (remote
-        engines write theirs on their own host).
+        The dump text by rank; ranks whose dump did not arrive in time are missing.
     """
     if cluster.launcher != "local":
-        return {}
+        return _relayed_stacks(cluster, ranks, max(timeout, 3.0))
     logs = {r: cluster.stack_file(r) for r in ranks}
     logs = {r: p for r, p in logs.items() if p.exists()}
     sizes = {r: p.stat().st_size for r, p in logs.items()}
@@ -55,6 +54,25 @@ def dump_stacks(cluster, ranks: list[int], timeout: float = 2.0) -> dict[int, st
                 time.sleep(0.05)  # the rest of the dump lands within microseconds
                 out[r] = _read_from(p, sizes[r])
                 del logs[r]
+        time.sleep(0.02)
+    return out
+
+
+def _relayed_stacks(cluster, ranks: list[int], timeout: float) -> dict[int, str]:
+    """Stacks of processes on other hosts: the signal goes through their nannies, and the
+    dumps come back as telemetry."""
+    hub = cluster.telemetry
+    if hub is None:
+        return {}
+    before = {r: hub.stack_dump(r)[0] for r in ranks}
+    cluster.interrupt(ranks, sig=signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    out: dict[int, str] = {}
+    while len(out) < len(ranks) and time.monotonic() < deadline:
+        for r in ranks:
+            seq, text = hub.stack_dump(r)
+            if r not in out and seq > before[r]:
+                out[r] = text
         time.sleep(0.02)
     return out
 

@@ -77,6 +77,7 @@ class TelemetryHub:
                 self.nprocs = nprocs
             self._cache = {r: schema.CacheStats(rank=r) for r in range(self.nprocs)}
             self._beats: dict[int, dict] = {}
+            self._stacks: dict[int, tuple[int, str]] = {}
             self.last_event_at = {}
 
     def env(self) -> dict[str, str]:
@@ -111,6 +112,11 @@ class TelemetryHub:
                 schema.CacheStats(**{**vars(s), "last_functions": list(s.last_functions)})
                 for s in self._cache.values()
             ]
+
+    def stack_dump(self, rank: int) -> tuple[int, str]:
+        """The latest stack dump relayed by process ``rank``, numbered from 1 (0: none yet)."""
+        with self._lock:
+            return self._stacks.get(rank, (0, ""))
 
     def refusals(self) -> list[schema.Refusal]:
         """Handshakes the coordination service refused, by address and reason, oldest first."""
@@ -215,6 +221,9 @@ class TelemetryHub:
                 self._monitoring(self._cache[rank], ev)
             elif kind == schema.REFUSED:
                 self._refused(ev, now)
+            elif kind == schema.STACKS:
+                seq = self._stacks.get(rank, (0, ""))[0] + 1
+                self._stacks[rank] = (seq, str(ev.get("text", "")))
             for sub in self._subscribers:
                 sub.dirty = True
 

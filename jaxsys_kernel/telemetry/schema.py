@@ -15,6 +15,7 @@ SCHEMA_VERSION = 1
 HEARTBEAT = "heartbeat"  # about once a second: busy flag, device ids, incarnation
 MONITORING = "monitoring"  # one jax.monitoring event or duration
 CACHE_DIR = "cache_dir"  # entries and bytes in the persistent cache directory
+STACKS = "stacks"  # a faulthandler dump of every thread, relayed from a remote process
 REFUSED = "refused"  # process 0's coordination service refused a TLS handshake: peer, error
 
 
