@@ -781,7 +781,10 @@ class Cluster:
             f"{self.addresses[0]}:{_free_local_port()}" if self.launcher == "local" else None
         )
         tag = f"i{self._incarnation}"
-        if self.launcher in ("local", "ssh"):
+        if self.launcher == "ssh":
+            # Each launch is several ssh round trips; hosts are reached all at once.
+            await asyncio.gather(*(self._launch_rank(r, f"p{r}-{tag}") for r in self.ranks))
+        elif self.launcher == "local":
             for rank in self.ranks:
                 await self._launch_rank(rank, f"p{rank}-{tag}")
         else:
@@ -809,9 +812,10 @@ class Cluster:
         if self.launcher == "local":
             kwargs["engine_args"].append(f"--IPEngine.url_file={self._engine_file()}")
         if self.launcher == "ssh":
-            kwargs["engines"] = {self.host_names[rank]: 1}
             kwargs.update(self.launcher_options)
-        elif rank in self.process_prefix:
+            await self._launch_over_ssh(rank, set_id, kwargs)
+            return
+        if rank in self.process_prefix:
             kwargs["engine_cmd"] = [
                 *self.process_prefix[rank],
                 sys.executable,
@@ -820,6 +824,32 @@ class Cluster:
             ]
         await self._ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
         self._engine_sets[rank] = set_id
+
+    async def _launch_over_ssh(self, rank: int, set_id: str, kwargs: dict[str, Any]) -> None:
+        """What ``ipyparallel.Cluster.start_engines`` does, with the blocking ssh calls of
+        the launcher's ``start`` moved to a worker thread, so that hosts start in parallel.
+        """
+        from functools import partial
+
+        from tornado.ioloop import IOLoop
+
+        ipp = self._ipp
+        # Launchers call back on the loop they were made on: this one, not the worker's.
+        loop = IOLoop.current()
+        es = ipp.engines[set_id] = ipp.engine_launcher_class(
+            work_dir=".",
+            parent=ipp,
+            log=ipp.log,
+            profile_dir=ipp.profile_dir,
+            cluster_id=ipp.cluster_id,
+            engine_set_id=set_id,
+            loop=loop,
+            engines={self.host_names[rank]: {"n": 1, "loop": loop}},
+            **kwargs,
+        )
+        self._engine_sets[rank] = set_id
+        await asyncio.to_thread(es.start, 1)
+        es.on_stop(partial(ipp._engines_stopped, set_id))
 
     def _make_pki(self):
         from .pki import ClusterPKI
