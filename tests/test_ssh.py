@@ -60,7 +60,7 @@ def ssh_hosts(tag, tmp_path_factory):
         yield hosts, ssh
 
 
-def _cluster(hosts, ssh) -> Cluster:
+def _cluster(hosts, ssh, progress=None) -> Cluster:
     return Cluster(
         hosts=[ssh.destination(i) for i in range(hosts.n)],
         devices_per_host=2,
@@ -68,7 +68,7 @@ def _cluster(hosts, ssh) -> Cluster:
         controller_ip=hosts.bridge_address,
         env={"JAX_PLATFORMS": "cpu"},
         launcher_options={"ssh_args": ssh.ssh_args, "scp_args": ssh.ssh_args},
-        progress=lambda e: None,
+        progress=progress or (lambda e: None),
     )
 
 
@@ -82,9 +82,16 @@ def _wait_engines_gone(hosts, timeout: float) -> float:
 
 def test_cluster_over_ssh(ssh_hosts):
     hosts, ssh = ssh_hosts
-    c = _cluster(hosts, ssh)
+    events = []
+    c = _cluster(hosts, ssh, progress=events.append)
     try:
         c.start_sync()
+        # Launching over ssh takes seconds: it shows progress, as registering does.
+        stages = [(e.stage, e.done) for e in events]
+        assert ("engines launched over ssh", 2) in stages
+        assert stages.index(("engines launched over ssh", 2)) < stages.index(
+            ("engines registered", 2)
+        )
         # Process 0 serves the coordination service on its own host's address.
         assert c.coordinator_address.startswith(hosts.host_addresses[0] + ":")
         assert [p["state"] for p in c.status()] == ["ready", "ready"]

@@ -783,7 +783,16 @@ class Cluster:
         tag = f"i{self._incarnation}"
         if self.launcher == "ssh":
             # Each launch is several ssh round trips; hosts are reached all at once.
-            await asyncio.gather(*(self._launch_rank(r, f"p{r}-{tag}") for r in self.ranks))
+            launched = 0
+            self._report("engines launched over ssh", 0, self.nprocs)
+
+            async def launch(rank: int) -> None:
+                nonlocal launched
+                await self._launch_rank(rank, f"p{rank}-{tag}")
+                launched += 1
+                self._report("engines launched over ssh", launched, self.nprocs)
+
+            await asyncio.gather(*(launch(r) for r in self.ranks))
         elif self.launcher == "local":
             for rank in self.ranks:
                 await self._launch_rank(rank, f"p{rank}-{tag}")
