@@ -89,6 +89,7 @@ def test_audit_covers_every_endpoint(cluster):
     assert ("JAX coordination service", "mTLS") in rows
     assert {"ipyparallel registration", "ipyparallel mux", "ipyparallel iopub"} <= names
     assert all(p == "CurveZMQ" for n, p in rows if n.startswith("ipyparallel"))
+    assert ("jaxsys telemetry", "CurveZMQ") in rows
     # Gloo listens once collectives have run (the sum above), and JAX cannot protect it.
     assert any(n.startswith("JAX data plane") and p == "nothing" for n, p in rows)
 
@@ -238,6 +239,7 @@ def test_insecure_cluster_says_so(tag):
         rows = {e.name: e.protection for e in audit(c)}
         assert rows["JAX coordination service"] == "nothing"
         assert rows["ipyparallel mux"].startswith("HMAC")
+        assert rows["jaxsys telemetry"] == "nothing"
         assert c.view.apply_sync(lambda: __import__("jax").config.jax_mtls_cert_file) == [
             None,
             None,

@@ -89,6 +89,25 @@ def _ipp_endpoints(cluster) -> list[Endpoint]:
     ]
 
 
+def _telemetry_endpoint(cluster) -> list[Endpoint]:
+    hub = cluster.telemetry
+    if hub is None:
+        return []
+    address = hub.address.removeprefix("tcp://")
+    if hub.public_key:
+        advice = "loopback only" if address.startswith("127.") else ""
+        return [Endpoint("jaxsys telemetry", address, "kernel", "CurveZMQ", advice)]
+    return [
+        Endpoint(
+            "jaxsys telemetry",
+            address,
+            "kernel",
+            "nothing",
+            "heartbeats, cache events and refusals travel in the clear: start with security on",
+        )
+    ]
+
+
 def _kernel_endpoint() -> list[Endpoint]:
     try:
         from ipykernel.connect import get_connection_file
@@ -181,6 +200,7 @@ def audit(cluster) -> list[Endpoint]:
             )
         )
     out.extend(_ipp_endpoints(cluster))
+    out.extend(_telemetry_endpoint(cluster))
     reports = cluster.view.apply_sync(probes.network_endpoints)
     coord_port = int(coord.rsplit(":", 1)[1]) if ":" in coord else None
     data_plane: dict[str, list[int]] = {}
