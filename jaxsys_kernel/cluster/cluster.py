@@ -31,13 +31,13 @@ LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 # periods: ipyparallel's default 3 s period makes start-up take 6 s. At 250 ms, with 20
 # misses allowed, an engine is still only declared dead after 5 s without a heartbeat.
 HEARTBEAT_PERIOD_MS = 250
+HEARTBEAT_MISSES = 20
 # Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
 SSH_HEARTBEAT_MISSES = 20
 # After a rotation, how often the served certificate is checked, and for how long: JAX 0.12
 # re-reads certificate files about every 10 minutes, so twice that means something is wrong.
 ROTATION_POLL_S = 15.0
 ROTATION_GIVE_UP_S = 20 * 60.0
-HEARTBEAT_MISSES = 20
 
 
 class ClusterError(RuntimeError):
