@@ -128,9 +128,12 @@ def _start_stack_relay(path: str) -> None:
             if size <= offset:
                 continue
             time.sleep(0.05)  # the rest of the dump lands within microseconds
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
             offset += len(data)
             text = data.decode("utf-8", "replace")[-MAX_STACK_DUMP:]
             agent.publish(schema.STACKS, text=text)
