@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import secrets
 import stat
 import subprocess
@@ -300,6 +301,29 @@ def test_verify_secure_credentials_failure_is_a_clear_error(tag):
     assert (
         "Insecure gRPC credentials" in msg or "verify_secure_credentials" in msg or "mTLS" in msg
     ), msg
+
+
+def test_a_process_turned_away_at_start_is_explained(tag, tmp_path):
+    # Process 1 carries another cluster's credentials: it can never join. The start fails
+    # at its deadline, and the error says what the coordination service saw meanwhile.
+    other = ClusterPKI.create(tmp_path / "other", "other", 2)
+    c = Cluster(
+        hosts=2,
+        devices_per_host=1,
+        process_env={1: other.env(1)},
+        progress=lambda e: None,
+        init_timeout=3,
+    )
+    with pytest.raises(ClusterStartError) as info:
+        c.start_sync()
+    msg = str(info.value)
+    assert "process 1" in msg
+    assert re.search(
+        r"meanwhile the coordination service refused \d+ connection\(s\) from 127\.0\.0\.1: "
+        r"it hung up during the handshake",
+        msg,
+    ), msg
+    assert c.state == "stopped"
 
 
 # -- real links ----------------------------------------------------------------------------

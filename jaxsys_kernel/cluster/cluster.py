@@ -957,6 +957,17 @@ class Cluster:
         origin = "your CA" if self.ca_file else "a per-cluster CA"
         return f"mTLS on the coordination service ({origin}), CurveZMQ on the control channel"
 
+    def _refusals_since(self, t: float) -> list[str]:
+        """Why a process that never joined may have been turned away: the refusals since t."""
+        lines = []
+        for r in self.refusals():
+            if r["last"] >= t:
+                lines.append(
+                    f"meanwhile the coordination service refused {r['attempts']} connection(s) "
+                    f"from {r['host']}: {r['reason']}"
+                )
+        return lines
+
     def refusals(self) -> list[dict]:
         """Connections the coordination service refused, by address and reason.
 
@@ -1157,6 +1168,7 @@ class Cluster:
             for p in (self.processes[r] for r in ranks)
         }
         deadline = time.monotonic() + deadline_s
+        started_at = time.time()
         last = -1
         first_error_at = None
         while True:
@@ -1193,6 +1205,7 @@ class Cluster:
                     if errors
                     else f"jax.distributed.initialize did not complete within {deadline_s:g} s"
                 )
+                lines.extend(self._refusals_since(started_at))
                 raise ClusterStartError(head + ":\n" + "\n".join(lines))
             await asyncio.sleep(0.05)
         for r in ranks:

@@ -26,6 +26,8 @@ _agent: Agent | None = None
 # Events published before the agent exists (process 0 can refuse a handshake while JAX is
 # still starting); sent as soon as it starts. Bounded, like the agent's own queue.
 _pending: deque[tuple[str, dict]] = deque(maxlen=1000)
+# The early-init thread starts the agent while the main thread may be connecting it.
+_agent_lock = threading.Lock()
 
 
 class Agent:
@@ -60,6 +62,7 @@ class Agent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hooked = False
+        self.started = False
         self.sent = 0
         self.dropped = 0
         self._zmq = zmq
@@ -80,6 +83,7 @@ class Agent:
         """Register the JAX listeners and start the heartbeat thread."""
         import jax.monitoring
 
+        self.started = True
         jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         self._thread.start()
@@ -186,11 +190,48 @@ def publish(kind: str, **payload) -> None:
     **payload
         Its fields (JSON-ready).
     """
-    agent = _agent
-    if agent is None:
-        _pending.append((kind, payload))
-    else:
-        agent.send(kind, **payload)
+    with _agent_lock:
+        agent = _agent
+        if agent is None:
+            _pending.append((kind, payload))
+            return
+    agent.send(kind, **payload)
+
+
+def connect_from_env(rank: int) -> Agent | None:
+    """Open the agent's socket, without its listeners and heartbeat, and send what waits.
+
+    For events that matter before JAX has started (refused handshakes while processes
+    join): the heartbeat reads the device list, which must not be touched before
+    ``jax.distributed.initialize`` is done.
+
+    Parameters
+    ----------
+    rank : int
+        This process's index.
+
+    Returns
+    -------
+    Agent or None
+        The agent, or None without ``$JAXSYS_TELEMETRY``.
+    """
+    global _agent
+    with _agent_lock:
+        if _agent is None:
+            address = os.environ.get(ENV_ADDRESS)
+            if not address:
+                return None
+            _agent = Agent(
+                address,
+                rank,
+                incarnation=int(os.environ.get(ENV_INCARNATION, "0")),
+                server_key=os.environ.get(ENV_SERVER_KEY) or None,
+                interval=float(os.environ.get(ENV_INTERVAL, "1.0")),
+            )
+        while _pending:
+            kind, payload = _pending.popleft()
+            _agent.send(kind, **payload)
+        return _agent
 
 
 def start_from_env(rank: int) -> Agent | None:
@@ -206,20 +247,8 @@ def start_from_env(rank: int) -> Agent | None:
     Agent or None
         The running agent; the same one on repeated calls.
     """
-    global _agent
-    if _agent is not None:
-        return _agent
-    address = os.environ.get(ENV_ADDRESS)
-    if not address:
-        return None
-    _agent = Agent(
-        address,
-        rank,
-        incarnation=int(os.environ.get(ENV_INCARNATION, "0")),
-        server_key=os.environ.get(ENV_SERVER_KEY) or None,
-        interval=float(os.environ.get(ENV_INTERVAL, "1.0")),
-    ).start()
-    while _pending:
-        kind, payload = _pending.popleft()
-        _agent.send(kind, **payload)
-    return _agent
+    agent = connect_from_env(rank)
+    with _agent_lock:
+        if agent is not None and not agent.started:
+            agent.start()
+    return agent

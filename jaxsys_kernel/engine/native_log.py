@@ -154,13 +154,13 @@ class NativeLogWatch:
     def _run(self) -> None:
         try:
             self._filter()
-        except Exception:  # noqa: BLE001 - see below: fd 2 is restored either way
-            pass
-        finally:
+        except Exception:  # noqa: BLE001 - see below
             # fd 2 must never end at a pipe nobody reads: once it filled, every writer,
-            # gRPC's logging inside the coordination service included, would block.
+            # gRPC's logging inside the coordination service included, would block. Only
+            # our own pipe is replaced; if fd 2 was moved elsewhere meanwhile, it stays.
             try:
-                os.dup2(self._downstream, 2)
+                if os.fstat(2).st_ino == os.fstat(self._read_fd).st_ino:
+                    os.dup2(self._downstream, 2)
             except OSError:
                 pass
 
@@ -209,4 +209,9 @@ def watch_from_env() -> NativeLogWatch | None:
         agent.publish(schema.REFUSED, **refusal)
 
     _watch = NativeLogWatch(report, drop_info=bool(os.environ.get(ENV_DROP_INFO))).install()
+    # Refusals matter most while the others are still joining, before the agent would
+    # otherwise start (it starts once JAX is up); its socket is needed now.
+    from .bootstrap import process_rank
+
+    agent.connect_from_env(process_rank())
     return _watch
