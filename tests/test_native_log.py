@@ -44,7 +44,7 @@ def test_a_refused_handshake_is_reported_once_and_swallowed():
     seen = []
     watch = NativeLogWatch(seen.append)
     passed = _feed(watch, _record(b"UNAVAILABLE: Handshake read failed (Socket closed)"))
-    assert passed == b""
+    assert passed == b"" and watch.dropped == 5
     assert seen == [
         {"peer": "10.1.2.3:5555", "error": "UNAVAILABLE: Handshake read failed (Socket closed)"}
     ]

@@ -98,6 +98,7 @@ class NativeLogWatch:
         self.on_refusal = on_refusal
         self.drop_info = drop_info
         self.refused = 0
+        self.dropped = 0
         self._downstream: int | None = None
         self._read_fd: int | None = None
         self._record: list[bytes] | None = None
@@ -127,16 +128,22 @@ class NativeLogWatch:
         if header is None and self._record is not None and _CONTINUATION.match(line):
             self._record.append(line)
             self._check_record()
-            return b"" if self.drop_info else line
+            return self._drop(line)
         self._record = None
         if header is not None and header.group(1) == b"I":
             self._record = [line]
             self._reported = False
             self._check_record()
-            return b"" if self.drop_info else line
+            return self._drop(line)
         if _VERBOSITY_WARNING in line and header is not None and self.drop_info:
             return b""
         return line
+
+    def _drop(self, line: bytes) -> bytes:
+        if not self.drop_info:
+            return line
+        self.dropped += 1
+        return b""
 
     def _check_record(self) -> None:
         record = self._record
