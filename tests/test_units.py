@@ -192,3 +192,15 @@ def test_env_pairs():
     assert _env_pairs(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(UsageError, match="KEY=VALUE"):
         _env_pairs(["novalue"])
+
+
+def test_telemetry_listens_where_engines_can_reach_it():
+    import socket
+
+    from jaxsys_kernel.cluster.cluster import telemetry_addresses
+
+    assert telemetry_addresses("local", None) == ("127.0.0.1", "127.0.0.1")
+    assert telemetry_addresses("ssh", "10.0.0.1") == ("10.0.0.1", "10.0.0.1")
+    # Bound everywhere, but never advertised as 0.0.0.0: to an engine that is its own host.
+    assert telemetry_addresses("ssh", None) == ("0.0.0.0", socket.gethostname())
+    assert telemetry_addresses("slurm", "*") == ("0.0.0.0", socket.gethostname())

@@ -1252,14 +1252,10 @@ class Cluster:
             if self.telemetry_enabled:
                 from ..telemetry.hub import TelemetryHub
 
-                bind = (
-                    "127.0.0.1"
-                    if self.launcher == "local" and not self.controller_ip
-                    else "0.0.0.0"
+                bind, advertise = telemetry_addresses(self.launcher, self.controller_ip)
+                self.telemetry = TelemetryHub(
+                    self.nprocs, bind=bind, curve=self.secure, advertise=advertise
                 )
-                if self.controller_ip and self.controller_ip != "*":
-                    bind = self.controller_ip
-                self.telemetry = TelemetryHub(self.nprocs, bind=bind, curve=self.secure)
             await self._ipp.start_controller()
             deadline = time.monotonic() + self.register_timeout
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
@@ -1369,6 +1365,32 @@ def _short_error(exc: BaseException) -> str:
 def _sub_launchers(es) -> list:
     subs = getattr(es, "launchers", None)
     return list(subs.values()) if subs else [es]
+
+
+def telemetry_addresses(launcher: str, controller_ip: str | None) -> tuple[str, str]:
+    """Where the kernel's telemetry socket listens, and the address engines connect to.
+
+    Like ipyparallel's controller: loopback for local clusters, the given address when
+    there is one, else every interface, with this machine's host name for the engines
+    (``0.0.0.0`` would mean their own host to them).
+
+    Parameters
+    ----------
+    launcher : str
+        The cluster's launcher.
+    controller_ip : str or None
+        The ``controller_ip`` the cluster was given.
+
+    Returns
+    -------
+    tuple of str
+        ``(bind, advertise)``.
+    """
+    if controller_ip and controller_ip != "*":
+        return controller_ip, controller_ip
+    if launcher == "local" and not controller_ip:
+        return "127.0.0.1", "127.0.0.1"
+    return "0.0.0.0", socket.gethostname()
 
 
 def _host_part(host: str) -> str:

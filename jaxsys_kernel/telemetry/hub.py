@@ -35,10 +35,17 @@ class TelemetryHub:
         Encrypt the link with CurveZMQ (the agents get the public key).
     interval : float
         The agents' heartbeat interval, used to judge lateness.
+    advertise : str, optional
+        The host the agents connect to, when it differs from ``bind`` (``0.0.0.0``).
     """
 
     def __init__(
-        self, nprocs: int, bind: str = "127.0.0.1", curve: bool = True, interval: float = 1.0
+        self,
+        nprocs: int,
+        bind: str = "127.0.0.1",
+        curve: bool = True,
+        interval: float = 1.0,
+        advertise: str | None = None,
     ):
         import zmq
 
@@ -64,7 +71,7 @@ class TelemetryHub:
             sock.curve_secretkey = secret
             self.public_key = public.decode("ascii")
         port = sock.bind_to_random_port(f"tcp://{bind}")
-        self.address = f"tcp://{bind}:{port}"
+        self.address = f"tcp://{advertise or bind}:{port}"
         self._sock = sock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jaxsys-telemetry-hub", daemon=True)
