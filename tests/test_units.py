@@ -156,6 +156,21 @@ def test_drop_pattern_discards_noise():
     assert "".join(out) == "[p0] real\n"
 
 
+def test_interleaved_noise_leaves_no_empty_line():
+    from jaxsys_kernel.magics.executor import NATIVE_NOISE
+
+    out: list[str] = []
+    c = LineCollator([0], out.append, drop=NATIVE_NOISE)
+    # Two gloo threads, each writing its message and then its newline.
+    msg = (
+        "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
+    )
+    c.feed(0, msg + msg + "\n")
+    c.feed(0, "\nreal\n\nkept empty line above\n")
+    c.flush()
+    assert "".join(out) == "[p0] real\n[p0] \n[p0] kept empty line above\n"
+
+
 def test_stale_profiles_are_removed(tmp_path):
     import subprocess
     import sys

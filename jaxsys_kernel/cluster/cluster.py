@@ -1153,7 +1153,10 @@ class Cluster:
             bind = None
         else:
             port = self.client[p0.engine_id].apply_sync(bootstrap.free_port)
-            self.coordinator_address = f"{p0.address}:{port}"
+            # Over ssh, the name that reached process 0's host is the one to give the others:
+            # what that host says of itself may be a loopback alias (Debian's 127.0.1.1).
+            host0 = _host_part(self.host_names[0]) if self.launcher == "ssh" else p0.address
+            self.coordinator_address = f"{host0}:{port}"
             bind = f"[::]:{port}"
         ars = {
             p.rank: self.client[p.engine_id].apply_async(

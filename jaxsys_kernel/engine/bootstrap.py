@@ -85,10 +85,7 @@ def describe_process() -> dict:
     except Exception:  # noqa: BLE001 - the nanny pid is only a cleanup aid
         nanny_pid = None
     host = socket.gethostname()
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        address = "127.0.0.1"
+    address = _host_address(host)
     return {
         "rank": process_rank(),
         "pid": os.getpid(),
@@ -96,6 +93,20 @@ def describe_process() -> dict:
         "address": address,
         "nanny_pid": nanny_pid,
     }
+
+
+def _host_address(host: str) -> str:
+    """This host's address for the others: a non-loopback one if its name has any.
+
+    Debian maps the host name to 127.0.1.1 by default; other hosts cannot use that.
+    """
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return "127.0.0.1"
+    addresses = [info[4][0] for info in infos]
+    outside = [a for a in addresses if not a.startswith("127.")]
+    return (outside or addresses or ["127.0.0.1"])[0]
 
 
 def _own_stack_file() -> str:

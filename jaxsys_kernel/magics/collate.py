@@ -58,6 +58,22 @@ class LineCollator:
         self._partial = dict.fromkeys(self.procs, "")
         self._lines: dict[int, deque[tuple[str, float]]] = {p: deque() for p in self.procs}
         self._finished: set[int] = set()
+        self._after_noise = dict.fromkeys(self.procs, False)
+
+    def _without_noise(self, proc: int, lines: list[str]) -> list[str]:
+        # Two native threads that each write a message and then its newline can interleave
+        # as "AB\n\n": the noise line, then an empty one that belongs to it.
+        kept = []
+        for ln in lines:
+            if self.drop.match(ln):
+                self._after_noise[proc] = True
+                continue
+            if self._after_noise[proc] and not ln.strip():
+                self._after_noise[proc] = False
+                continue
+            self._after_noise[proc] = False
+            kept.append(ln)
+        return kept
 
     def feed(self, proc: int, text: str) -> None:
         """Add text printed by one process; complete lines become eligible for output."""
@@ -65,7 +81,7 @@ class LineCollator:
         *complete, rest = buf.split("\n")
         self._partial[proc] = rest
         if self.drop is not None:
-            complete = [ln for ln in complete if not self.drop.match(ln)]
+            complete = self._without_noise(proc, complete)
         now = self.clock()
         if not self.collate:
             if complete:
