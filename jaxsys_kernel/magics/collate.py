@@ -36,7 +36,8 @@ class LineCollator:
     clock : callable
         Monotonic clock, replaceable in tests.
     drop : re.Pattern, optional
-        Lines matching it are discarded (known noise from native libraries).
+        Known noise from native libraries: what it matches is cut out of every line, and a
+        line with nothing else (or an empty line right after one) is discarded.
     """
 
     def __init__(
@@ -65,14 +66,16 @@ class LineCollator:
         # as "AB\n\n": the noise line, then an empty one that belongs to it.
         kept = []
         for ln in lines:
-            if self.drop.match(ln):
+            rest = self.drop.sub("", ln)
+            if rest != ln and not rest.strip():
                 self._after_noise[proc] = True
                 continue
             if self._after_noise[proc] and not ln.strip():
                 self._after_noise[proc] = False
                 continue
             self._after_noise[proc] = False
-            kept.append(ln)
+            # The user's own text survives noise that was written into the middle of it.
+            kept.append(rest)
         return kept
 
     def feed(self, proc: int, text: str) -> None:

@@ -21,10 +21,12 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_NUMBER = re.compile(r"In\[\d+\]")
 # Printed by gloo's C++ on the first collective of every device set; it says nothing a
 # user can act on, and its "Rank" numbers are not process indices, which misleads.
-# Two gloo threads may interleave their writes, leaving the tail of a message on a line of
-# its own, so the tail is matched as well.
+# It goes to fd 1, where two gloo threads, or gloo and the cell's own print, may interleave:
+# the message is cut out of whatever line it landed in, and its pieces are matched too.
 NATIVE_NOISE = re.compile(
-    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks|.*Expected number of connected peer ranks"
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\.?"
+    r"(?: Expected number of connected peer ranks is : \d+)?"
+    r"|(?:\d+ peer ranks\. )?Expected number of connected peer ranks is : \d+"
 )
 # How long processes get to report after an interrupt or a timeout before the cell ends.
 INTERRUPT_GRACE = 3.0
