@@ -146,6 +146,7 @@ def test_notices_say_only_what_is_new():
 
 def test_refusal_table():
     assert format_refusals([]) == "refused connections: none so far"
+    assert "not reported on this cluster" in format_refusals([], reporting=False)
     r = Refusal(
         host="10.1.2.3",
         reason="why",
@@ -178,3 +179,14 @@ def test_a_failing_filter_gives_fd_2_back(tmp_path):
         os.close(saved)
         os.close(sink)
     assert (tmp_path / "downstream").read_bytes() == b"second\n"
+
+
+def test_a_chosen_verbosity_that_hides_the_trace_turns_reporting_off():
+    from jaxsys_kernel import Cluster
+
+    assert Cluster(hosts=2).reports_refusals
+    assert Cluster(hosts=2, env={"GRPC_VERBOSITY": "debug"}).reports_refusals
+    assert not Cluster(hosts=2, env={"GRPC_VERBOSITY": "ERROR"}).reports_refusals
+    assert not Cluster(hosts=2, process_env={0: {"GRPC_VERBOSITY": "NONE"}}).reports_refusals
+    assert not Cluster(hosts=2, secure=False).reports_refusals
+    assert not Cluster(hosts=2, telemetry=False).reports_refusals

@@ -320,13 +320,20 @@ def explain_refusal(error: str) -> tuple[str, str]:
     return f"the TLS handshake failed: {error}", identity
 
 
-def format_refusals(refusals: list) -> str:
+def format_refusals(refusals: list, reporting: bool = True) -> str:
     """Render refused handshakes as a text table, or say that there were none.
 
     Parameters
     ----------
     refusals : list of jaxsys_kernel.telemetry.schema.Refusal
+    reporting : bool
+        False when refusals cannot be seen (see ``Cluster.reports_refusals``).
     """
+    if not refusals and not reporting:
+        return (
+            "refused connections: not reported on this cluster (it needs telemetry and "
+            "GRPC_VERBOSITY unset, INFO or DEBUG for process 0)"
+        )
     if not refusals:
         return "refused connections: none so far"
     header = ["from", "attempts", "first", "last", "why"]

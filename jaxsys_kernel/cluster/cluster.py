@@ -968,6 +968,17 @@ class Cluster:
                 )
         return lines
 
+    @property
+    def reports_refusals(self) -> bool:
+        """Whether refused handshakes can be reported: mTLS, telemetry, and a gRPC
+        verbosity (if the user chose one) at which its handshake trace is printed."""
+        if self.pki is None and not self.secure:
+            return False
+        if not self.telemetry_enabled:
+            return False
+        user = {**os.environ, **self.env, **self.process_env.get(0, {})}
+        return user.get("GRPC_VERBOSITY", "INFO").upper() in ("INFO", "DEBUG")
+
     def refusals(self) -> list[dict]:
         """Connections the coordination service refused, by address and reason.
 

@@ -219,7 +219,7 @@ class JaxSysMagics(Magics):
             print(f"security: {s.require_cluster().security}")
             print(format_audit(audit(s.cluster)))
             if s.cluster.pki is not None:
-                print(format_refusals(s.refusals()))
+                print(format_refusals(s.refusals(), s.cluster.reports_refusals))
         elif args.action == "rotate-certs":
             serials = s.rotate_certs()
             print(
