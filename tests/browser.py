@@ -431,6 +431,16 @@ def wait_idle(page, timeout: float = 120.0) -> None:
     )
 
 
+#: Selector of one output of a notebook cell.
+OUTPUT = ".jp-OutputArea-output"
+
+
+def assert_no_errors(page) -> None:
+    """Fail if any cell of the open notebook shows an error output."""
+    errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
+    assert errors.count() == 0, errors.all_inner_texts()
+
+
 def wait_for(page, selector: str, timeout: float = 30.0):
     """Wait for the first element matching ``selector`` to be visible.
 

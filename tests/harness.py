@@ -173,6 +173,20 @@ def kernel_with_cluster(tag: str, start: str = "%jaxsys start --hosts 2 --device
         k.shutdown()
 
 
+def write_notebook(path, cells: list[str]) -> None:
+    """Save a notebook of code ``cells`` that runs on the jaxsys kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "jaxsys",
+        "display_name": "jaxsys (multi-host JAX)",
+        "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nbformat.write(nb, path)
+
+
 class OutputSink(executor.Sink):
     """Collects a cell's collated stdout and stderr, in arrival order."""
 

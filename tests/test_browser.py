@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 
-import nbformat
 import pytest
 
 from .browser import (
+    OUTPUT,
     Lab,
+    assert_no_errors,
     available,
     launch,
     open_notebook,
@@ -18,7 +19,7 @@ from .browser import (
     wait_for,
     wait_idle,
 )
-from .harness import wait_no_processes
+from .harness import wait_no_processes, write_notebook
 
 REASON = available()
 
@@ -48,24 +49,11 @@ CELLS = [
     "%%multihost\nimport jax\nprint('devices', jax.device_count())",
 ]
 
-OUTPUT = ".jp-OutputArea-output"
-
-
-def _write_notebook(path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "jaxsys",
-        "display_name": "jaxsys (multi-host JAX)",
-        "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nbformat.write(nb, path)
-
 
 def test_lab_runs_kernel_widget_and_cluster(tag, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
-    _write_notebook(root / "smoke.ipynb")
+    write_notebook(root / "smoke.ipynb", CELLS)
     t0 = time.monotonic()
     with Lab(root, work_dir=tmp_path / "lab") as lab:
         assert "jaxsys" in lab.kernelspecs(), lab.log_tail()
@@ -78,8 +66,7 @@ def test_lab_runs_kernel_widget_and_cluster(tag, tmp_path):
                 assert hello.inner_text() == "rendered by anywidget"
                 wait_for(page, f"{OUTPUT}:has-text('[p0-1] devices 2')", 240)
                 wait_idle(page, 60)
-                errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
-                assert errors.count() == 0, errors.all_inner_texts()
+                assert_no_errors(page)
                 screenshot(page, "browser-smoke.png")
             except BaseException:
                 screenshot(page, "browser-smoke-failure.png")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 import time
 
-import nbformat
 import pytest
 
 from .browser import (
+    OUTPUT,
     Lab,
+    assert_no_errors,
     available,
     launch,
     open_notebook,
@@ -19,7 +20,7 @@ from .browser import (
     wait_for,
     wait_idle,
 )
-from .harness import wait_no_processes
+from .harness import wait_no_processes, write_notebook
 
 REASON = available()
 
@@ -51,8 +52,6 @@ CELLS = [
 ]
 MESH, SHARDING, DASHBOARD, SLEEP = 1, 2, 3, 4
 
-OUTPUT = ".jp-OutputArea-output"
-
 # The state of each row of the dashboard's live view, read from the DOM.
 LIVE_ROWS = """(cell) => {
   const c = document.querySelectorAll('.jp-NotebookPanel .jp-Cell')[cell];
@@ -68,17 +67,6 @@ RUNNING = """(cell) => {
   const c = document.querySelectorAll('.jp-NotebookPanel .jp-Cell')[cell];
   return (c.querySelector('.jp-InputArea-prompt')?.textContent || '').includes('*');
 }"""
-
-
-def _write_notebook(path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "jaxsys",
-        "display_name": "jaxsys (multi-host JAX)",
-        "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nbformat.write(nb, path)
 
 
 def _start_cell(page, index: int) -> None:
@@ -160,7 +148,7 @@ def _watch_busy(page, timeout: float) -> dict:
 def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
-    _write_notebook(root / "dashboard.ipynb")
+    write_notebook(root / "dashboard.ipynb", CELLS)
     t0 = time.monotonic()
     with Lab(root, work_dir=tmp_path / "lab") as lab:
         assert "jaxsys" in lab.kernelspecs(), lab.log_tail()
@@ -173,8 +161,7 @@ def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
                     run_cell(page, i)
                 wait_for(page, f"{OUTPUT}:has-text('mesh ids')", 30)
                 wait_idle(page, 60)
-                errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
-                assert errors.count() == 0, errors.all_inner_texts()
+                assert_no_errors(page)
                 _check_mesh(page)
                 _check_sharding(page)
 
@@ -206,8 +193,7 @@ def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
                     f"() => ({LIVE_ROWS})({DASHBOARD}).every((r) => !(r.info || '').includes('busy'))",
                     timeout=10_000,
                 )
-                errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
-                assert errors.count() == 0, errors.all_inner_texts()
+                assert_no_errors(page)
                 assert page.locator(".jxs-error").count() == 0
             except BaseException:
                 screenshot(page, "dashboard-failure.png")

@@ -14,6 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from .harness import write_notebook
+
 ROOT = Path(__file__).parent.parent
 JAXSYS = [sys.executable, "-m", "jaxsys_kernel.cli"]
 
@@ -43,17 +45,15 @@ def test_wheel_kernelspec_matches_generated_one():
 
 
 def test_run_failing_notebook_exits_1_and_names_the_cell(tag, tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "jaxsys", "display_name": "jaxsys", "language": "python"}
-    nb.cells = [
-        nbformat.v4.new_code_cell("%jaxsys start --hosts 2 --devices-per-host 1"),
-        nbformat.v4.new_code_cell(
-            "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise KeyError('broken-cell')"
-        ),
-        nbformat.v4.new_code_cell("print('never reached')"),
-    ]
     path = tmp_path / "bad.ipynb"
-    nbformat.write(nb, path)
+    write_notebook(
+        path,
+        [
+            "%jaxsys start --hosts 2 --devices-per-host 1",
+            "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise KeyError('broken-cell')",
+            "print('never reached')",
+        ],
+    )
     r = jaxsys("run", str(path), "--output", str(tmp_path / "out.ipynb"))
     assert r.returncode == 1
     assert "broken-cell" in r.stderr and "KeyError on p1" in r.stderr
