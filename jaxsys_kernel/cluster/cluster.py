@@ -531,13 +531,12 @@ class Cluster:
             )
         t0 = time.perf_counter()
         p = self.processes[rank]
-        if self.launcher == "ssh":
-            launcher = self._engine_launcher(rank)
-            if launcher is not None:
-                await asyncio.to_thread(_kill_over_ssh, [launcher])
-        elif p.pid and pid_alive(p.pid):
-            _killpg_all([p.pid, *_launcher_pids(self._engine_launcher(rank))])
-            await asyncio.to_thread(_wait_gone, [p.pid], 5.0)
+        launcher = self._engine_launcher(rank)
+        # A local process already gone is not signalled again: its pid may be reused.
+        if self._engines_elsewhere or (p.pid and pid_alive(p.pid)):
+            await asyncio.to_thread(
+                self._kill_engines, [launcher] if launcher else [], [p.pid] if p.pid else []
+            )
         p.state = "restarting"
         self._unregister({p.engine_id} & set(self.client.ids))
         deadline = time.monotonic() + 5.0
@@ -625,7 +624,7 @@ class Cluster:
                 pass
         _killpg_all(pids)
         if self._ipp is not None and self.launcher == "ssh":
-            _kill_over_ssh(list(self._ipp.engines.values()))
+            self._kill_engines(list(self._ipp.engines.values()))
         if self._ipp is not None:
             # Forget the launchers so ipyparallel does not try a slow stop later.
             self._ipp.engines = {}
@@ -656,6 +655,21 @@ class Cluster:
             return None
         return self._ipp.engines.get(set_id)
 
+    @property
+    def _engines_elsewhere(self) -> bool:
+        # An ssh launcher's pids are the engines' pids on their hosts, never ones here.
+        return self.launcher == "ssh"
+
+    def _kill_engines(self, launchers: Sequence, local_pids: Sequence[int] = ()) -> None:
+        """SIGKILL the engines these launchers started, where they run, and wait (bounded)
+        until the local ones are gone. Blocking: call it off the event loop."""
+        if self._engines_elsewhere:
+            _kill_over_ssh(launchers)
+            return
+        pids = [*local_pids, *(pid for es in launchers for pid in _launcher_pids(es))]
+        _killpg_all(pids)
+        _wait_gone(pids, 5.0)
+
     def _all_pids(self) -> list[int]:
         """Every pid the cluster may have started: launchers, engines, nannies."""
         pids: set[int] = set()
@@ -663,8 +677,7 @@ class Cluster:
             ctl = self._ipp.controller
             if ctl is not None and getattr(ctl, "pid", None):
                 pids.add(ctl.pid)
-            # An ssh launcher's pids are the engines' pids on their hosts, not here.
-            if self.launcher != "ssh":
+            if not self._engines_elsewhere:
                 for es in list(self._ipp.engines.values()):
                     pids.update(_launcher_pids(es))
         for p in self.processes:
@@ -1295,28 +1308,18 @@ class Cluster:
         old_launchers = [
             es for es in (self._engine_launcher(rank) for rank in self.ranks) if es is not None
         ]
-        # Pids of engines started over ssh (and nannies anywhere but here) belong to
-        # other hosts: they are never signalled from this one.
-        old_pids = (
-            []
-            if self.launcher == "ssh"
-            else [pid for es in old_launchers for pid in _launcher_pids(es)]
-        )
         old_ids = {p.engine_id for p in self.processes}
         old_uuids = self._engine_uuids()
         old_sets = set(self._engine_sets.values())
         self.state = "restarting"
         for p in self.processes:
             p.state = "restarting"
-        _killpg_all(old_pids)
-        if self.launcher == "ssh":
-            await asyncio.to_thread(_kill_over_ssh, old_launchers)
-        if self.telemetry is not None:
-            self.telemetry.reset()
-        for set_id in old_sets:
-            self._ipp.engines.pop(set_id, None)
         try:
-            await asyncio.to_thread(_wait_gone, old_pids, 5.0)
+            await asyncio.to_thread(self._kill_engines, old_launchers)
+            if self.telemetry is not None:
+                self.telemetry.reset()
+            for set_id in old_sets:
+                self._ipp.engines.pop(set_id, None)
             # Without this the hub frees the ids only after missed heartbeats, seconds later.
             self._unregister(old_ids & set(self.client.ids))
             deadline = time.monotonic() + 5.0
