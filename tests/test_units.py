@@ -223,3 +223,13 @@ def test_telemetry_listens_where_engines_can_reach_it():
     # Bound everywhere, but never advertised as 0.0.0.0: to an engine that is its own host.
     assert telemetry_addresses("ssh", None) == ("0.0.0.0", socket.gethostname())
     assert telemetry_addresses("slurm", "*") == ("0.0.0.0", socket.gethostname())
+
+
+def test_launcher_options_must_exist():
+    from jaxsys_kernel import Cluster
+
+    Cluster(hosts=["a", "b"], launcher="ssh", launcher_options={"ssh_args": ["-p", "2222"]})
+    with pytest.raises(ValueError, match="ssh_arg is not a setting of ipyparallel's SSH.*ssh_args"):
+        Cluster(hosts=["a", "b"], launcher="ssh", launcher_options={"ssh_arg": ["-p", "2222"]})
+    with pytest.raises(ValueError, match="apply to the ssh, mpi and slurm launchers"):
+        Cluster(hosts=2, launcher_options={"ssh_args": []})

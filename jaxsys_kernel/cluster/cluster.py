@@ -245,6 +245,8 @@ class Cluster:
         if launcher_options and launcher == "local":
             raise ValueError("launcher_options apply to the ssh, mpi and slurm launchers")
         self.launcher_options = dict(launcher_options or {})
+        if self.launcher_options:
+            _check_launcher_options(launcher, self.launcher_options)
         if launcher == "ssh":
             self.launcher_options.setdefault("remote_python", sys.executable)
         self.process_prefix = {int(k): list(v) for k, v in (process_prefix or {}).items()}
@@ -1382,6 +1384,20 @@ def _short_error(exc: BaseException) -> str:
 def _sub_launchers(es) -> list:
     subs = getattr(es, "launchers", None)
     return list(subs.values()) if subs else [es]
+
+
+def _check_launcher_options(launcher: str, options: Mapping[str, Any]) -> None:
+    """Refuse names the launcher does not have: traitlets would ignore them silently."""
+    from ipyparallel.cluster.launcher import find_launcher_class
+
+    cls = find_launcher_class(launcher, "engine")
+    known = set(cls.class_trait_names(config=True))
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(
+            f"launcher_options: {', '.join(unknown)} is not a setting of ipyparallel's "
+            f"{cls.__name__}; it has {', '.join(sorted(known))}"
+        )
 
 
 def telemetry_addresses(launcher: str, controller_ip: str | None) -> tuple[str, str]:
