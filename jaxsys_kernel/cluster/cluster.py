@@ -1008,9 +1008,13 @@ class Cluster:
             and ``last_port`` for each address and reason, oldest first; empty for clusters
             without mTLS or telemetry.
         """
+        return [r.to_dict() for r in self.refusal_records()]
+
+    def refusal_records(self) -> list:
+        """:meth:`refusals` as :class:`~jaxsys_kernel.telemetry.schema.Refusal` records."""
         if self.telemetry is None or self.pki is None:
             return []
-        return [r.to_dict() for r in self.telemetry.refusals()]
+        return self.telemetry.refusals()
 
     def stack_file(self, rank: int) -> Path:
         """Where process ``rank`` (of the current incarnation) writes stack dumps."""

@@ -317,10 +317,7 @@ class MultihostSession:
 
     def refusals(self) -> list:
         """The running cluster's refused handshakes (empty without a cluster or mTLS)."""
-        cluster = self.cluster
-        if cluster is None or cluster.telemetry is None or cluster.pki is None:
-            return []
-        return cluster.telemetry.refusals()
+        return [] if self.cluster is None else self.cluster.refusal_records()
 
     def report_refusals(self, *_args) -> None:
         """Tell the user, after a cell, who the coordination service refused meanwhile.
