@@ -1,0 +1,159 @@
+"""Every use of private ipyparallel and ipykernel API, in one place.
+
+jaxsys reaches past the public API of ipyparallel 9.2 and ipykernel 7.4 where their public
+API cannot do what it needs (a hook before a request leaves, engine uuids, ssh launcher
+internals, kernel subshells). Each reach is a small function here, so an upgrade that moves
+one breaks in this file, and :func:`check_versions` refuses versions it was not written for
+with a clear error instead of an ``AttributeError`` deep inside a cell.
+
+Imports of ipyparallel and ipykernel are inside the functions: the engines import this
+module too, and importing either package costs time they do not need to spend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# The releases this module was written and tested against (major, minor).
+IPYPARALLEL = (9, 2)
+IPYKERNEL = (7,)
+
+
+class IncompatibleVersion(RuntimeError):
+    """An installed dependency is not a version jaxsys supports."""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():
+            break
+    return tuple(parts)
+
+
+def check_versions(ipyparallel_version: str | None = None, ipykernel_version: str | None = None):
+    """Raise :class:`IncompatibleVersion` unless ipyparallel 9.2 and ipykernel 7 are installed.
+
+    Parameters
+    ----------
+    ipyparallel_version, ipykernel_version : str, optional
+        Versions to check instead of the installed ones (for tests).
+    """
+    if ipyparallel_version is None:
+        import ipyparallel
+
+        ipyparallel_version = ipyparallel.__version__
+    if ipykernel_version is None:
+        import ipykernel
+
+        ipykernel_version = ipykernel.__version__
+    problems = []
+    if _version_tuple(ipyparallel_version)[:2] != IPYPARALLEL:
+        problems.append(f"ipyparallel {ipyparallel_version} (jaxsys needs 9.2.x)")
+    if _version_tuple(ipykernel_version)[:1] != IPYKERNEL:
+        problems.append(f"ipykernel {ipykernel_version} (jaxsys needs 7.x)")
+    if problems:
+        raise IncompatibleVersion(
+            "jaxsys relies on internals of specific releases and found "
+            + " and ".join(problems)
+            + "; install the supported ones: pip install 'ipyparallel>=9.2,<9.3' 'ipykernel>=7,<8'"
+        )
+
+
+# -- ipyparallel: the client -----------------------------------------------------------------
+
+
+def engine_uuids(client) -> dict[int, str]:
+    """Engine id -> uuid of every engine the client knows (a restarted rank may reuse an id;
+    only its uuid is new)."""
+    return dict(client._engines)
+
+
+def send_execute(client, view, engine_ids: Sequence[int], code: str, hook) -> None:
+    """Send ``code`` to each engine with ``hook(rank_index, future)`` called before it leaves.
+
+    ipyparallel's own streaming attaches its callbacks after sending, so output that comes
+    back at once can slip past; ``message_future_hook`` runs first.
+    """
+    idents, _ = client._build_targets(list(engine_ids))
+    for i, ident in enumerate(idents):
+        client.send_execute_request(
+            view._socket,
+            code,
+            silent=False,
+            ident=ident,
+            message_future_hook=lambda fut, i=i: hook(i, fut),
+        )
+
+
+# -- ipyparallel: launchers --------------------------------------------------------------------
+
+
+def attach_engine_set(ipp_cluster, set_id: str, engine_set) -> None:
+    """Tell an ipyparallel Cluster about an engine set it did not start itself."""
+    from functools import partial
+
+    ipp_cluster.engines[set_id] = engine_set
+    engine_set.on_stop(partial(ipp_cluster._engines_stopped, set_id))
+
+
+def forget_launcher_output(launcher) -> None:
+    """Make a launcher skip fetching its process's log when it stops (nobody reads it, and
+    the host or the file may be gone by then)."""
+    launcher._output = ""
+
+
+def release_ssh_waiter(launcher, timeout: float) -> None:
+    """End the thread an ssh launcher keeps to wait for its remote process."""
+    stop = getattr(launcher, "_stop_waiting", None)
+    if stop is not None:
+        stop.set()
+    waiter = getattr(launcher, "_wait_thread", None)
+    if waiter is not None:
+        waiter.join(max(0.0, timeout))
+
+
+def ssh_kill(launcher, pid: int, sig: int) -> None:
+    """Send a signal to ``pid`` on the launcher's host, over its ssh connection."""
+    launcher.ssh_sender.cmd_kill(pid, sig)
+
+
+# -- ipyparallel: the engine (runs in the engines) ----------------------------------------------
+
+
+def nanny_pid() -> int | None:
+    """The pid of this engine's nanny, or None without one (or outside an engine)."""
+    try:
+        from ipyparallel.engine.app import IPEngine
+
+        if IPEngine.initialized():
+            pipe = getattr(IPEngine.instance(), "nanny_pipe", None)
+            return getattr(pipe, "pid", None)
+    except Exception:  # noqa: BLE001 - the nanny pid is only a cleanup aid
+        return None
+    return None
+
+
+# -- ipykernel: subshells ----------------------------------------------------------------------
+
+
+def supports_subshells(kernel) -> bool:
+    """Whether this kernel can create subshells (ipykernel 7 with subshells on)."""
+    return bool(getattr(kernel, "_supports_kernel_subshells", False)) and (
+        getattr(kernel, "shell_channel_thread", None) is not None
+    )
+
+
+def create_subshell(kernel) -> str:
+    """Create a subshell; must run on the shell-channel thread."""
+    return kernel.shell_channel_thread.manager._create_subshell()
+
+
+def route_comm_to_subshell(comm, subshell_id: str) -> None:
+    """Serve a comm's incoming messages on a subshell, whatever thread sends its updates."""
+    comm._reply_subshell_for = lambda data, default: subshell_id
+
