@@ -604,6 +604,32 @@ class Cluster:
                 log.warning("could not signal processes %s: %s", format_procs(remote), e)
         return sorted(sent)
 
+    def dump_stacks(self, ranks: Sequence[int], timeout: float = 2.0) -> dict[int, str]:
+        """Ask processes for the Python stacks of all their threads, without stopping them.
+
+        Local processes get SIGUSR1 and their dumps are read from their stack files; the
+        dumps of processes on other hosts come back as telemetry.
+
+        Parameters
+        ----------
+        ranks : sequence of int
+            Processes to ask.
+        timeout : float
+            Seconds to wait for the dumps (at least 3 s for processes on other hosts).
+
+        Returns
+        -------
+        dict
+            The dump text by rank; ranks whose dump did not arrive in time are missing.
+        """
+        from . import stacks
+
+        ranks = list(ranks)
+        if self.launcher != "local":
+            return stacks.relayed_stacks(self.telemetry, ranks, self.interrupt, timeout)
+        files = {r: self.stack_file(r) for r in ranks}
+        return stacks.local_stacks(files, self.interrupt, timeout)
+
     def kill(self) -> float:
         """Tear the cluster down at once: SIGKILL every process group, close the client.
 
