@@ -19,7 +19,7 @@ def register_magics(shell) -> MultihostSession:
     MultihostSession
         The session behind the magics.
     """
-    from .magics import JaxSysMagics
+    from .magics import JaxSysMagics, action_help_transformer
 
     existing = getattr(shell, "_jaxsys_session", None)
     if existing is not None:
@@ -27,6 +27,7 @@ def register_magics(shell) -> MultihostSession:
     session = MultihostSession(shell)
     shell.register_magics(JaxSysMagics(shell, session))
     shell.input_transformers_cleanup.insert(0, make_spmd_transformer(session))
+    shell.input_transformers_cleanup.insert(1, action_help_transformer)
     shell.events.register("post_run_cell", session.report_refusals)
     shell.events.register("post_run_cell", session.report_rotation)
     shell._jaxsys_session = session

@@ -1,76 +1,60 @@
-"""IPython magics: ``%jaxsys``, ``%%multihost`` / ``%multihost``, ``%%local``, ``%pull``."""
+"""IPython magics: ``%jaxsys``, ``%%multihost`` / ``%multihost``, ``%%local``, ``%pull``.
+
+Each magic is a thin parser: it bounds and splits its line and calls the session (or, for
+``%jaxsys``, an action in :mod:`.actions`). The magics opt out of IPython's ``$var`` /
+``{expr}`` expansion, which runs before any check and takes seconds on a long line;
+``%jaxsys`` and ``%multihost`` expand the bounded line themselves, so options such as
+``--cache-dir {cache_dir}`` keep working, and ``%pull`` and ``%%local`` take none.
+"""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import (
+    Magics,
+    cell_magic,
+    line_cell_magic,
+    line_magic,
+    magics_class,
+    no_var_expand,
+)
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
+from . import actions
+from .actions import JAXSYS_ACTIONS, format_status
+from .actions_args import bounded, expand, seconds, split
+from .actions_args import env_pairs as _env_pairs
 from .session import MultihostSession
 
-JAXSYS_ACTIONS = (
-    "start",
-    "stop",
-    "restart",
-    "kill",
-    "status",
-    "dashboard",
-    "security",
-    "rotate-certs",
-    "inspect",
-)
+__all__ = [
+    "JAXSYS_ACTIONS",
+    "JaxSysMagics",
+    "_env_pairs",
+    "action_help_transformer",
+    "format_status",
+]
+
+_ACTION_HELP = re.compile(r"^(\s*%jaxsys)\s+([\w-]+)\s*\?{1,2}\s*$")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"expected a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise UsageError(f"expected a positive number of seconds, got {text!r}")
-    return value
+def action_help_transformer(lines: list[str]) -> list[str]:
+    """Turn ``%jaxsys ACTION?`` into ``%jaxsys help ACTION`` (an IPython input transformer).
+
+    IPython would otherwise read the line as a help request for a Python name ``ACTION``.
+    """
+    out = []
+    for line in lines:
+        m = _ACTION_HELP.match(line)
+        out.append(f"{m.group(1)} help {m.group(2)}\n" if m else line)
+    return out
 
 
-def _env_pairs(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
-        env[key] = value
-    return env
-
-
-def _rank(text: str) -> int:
-    try:
-        return int(text.removeprefix("p"))
-    except ValueError:
-        raise UsageError(f"expected a process number such as 2, got {text!r}") from None
-
-
-def format_status(rows: list[dict]) -> str:
-    """Render ``Cluster.status()`` rows as an aligned text table."""
-    header = ["process", "engine", "pid", "host", "devices", "state"]
-    body = [
-        [
-            str(r["rank"]),
-            "-" if r["engine_id"] is None else str(r["engine_id"]),
-            "-" if r["pid"] is None else str(r["pid"]),
-            r["host"] or "-",
-            ",".join(map(str, r["devices"])) or "-",
-            r["state"],
-        ]
-        for r in rows
-    ]
-    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *body]
-    ]
-    return "\n".join(lines)
+# Pure, so IPython may also run it when it checks whether a cell is complete.
+action_help_transformer.has_side_effects = False
 
 
 @magics_class
@@ -81,170 +65,28 @@ class JaxSysMagics(Magics):
         super().__init__(shell)
         self.session = session
 
-    @magic_arguments()
-    @argument("action", choices=JAXSYS_ACTIONS, help="what to do with the cluster")
-    @argument("name", nargs="?", help="kill/restart: the process; inspect: the name to look up")
-    @argument("--signal", choices=("KILL", "TERM", "INT"), default="KILL", help="for kill")
-    @argument(
-        "--heartbeat",
-        type=float,
-        default=None,
-        help="seconds without heartbeats before JAX declares a process dead (default 10)",
-    )
-    @argument(
-        "--hosts", type=str, default=None, help="number of processes, or host1,host2,... for ssh"
-    )
-    @argument("--devices-per-host", type=int, default=None, help="CPU devices per process")
-    @argument("--launcher", choices=("local", "ssh", "mpi", "slurm"), default=None)
-    @argument("--cache-dir", default=None, help="persistent compilation cache directory")
-    @argument(
-        "--init-timeout",
-        type=float,
-        default=60.0,
-        help="seconds allowed for jax.distributed.initialize",
-    )
-    @argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment variable for every process (repeatable)",
-    )
-    @argument("--insecure", action="store_true", help="no mTLS, no CurveZMQ (not recommended)")
-    @argument("--ca-file", default=None, help="your own CA certificate (PEM), with --cert-dir")
-    @argument(
-        "--cert-dir", default=None, help="directory with process-<i>.pem/.key signed by --ca-file"
-    )
-    @argument("--detail", type=int, default=0, help="for inspect: 1 shows the source, like ??")
+    def _line(self, line: str, magic: str, *, expand_vars: bool = True) -> str:
+        """Bound a magic line and expand its ``$var`` / ``{expr}`` if the magic takes them."""
+        line = bounded(line, magic)
+        if expand_vars:
+            line = bounded(expand(line, self.shell.user_ns), magic)
+        return line
+
+    @no_var_expand
     @line_magic
     def jaxsys(self, line: str = ""):
-        """Start, stop, restart and describe the cluster of JAX processes.
+        # The docstring (this magic's %jaxsys? page) is generated from the actions below.
+        return actions.dispatch(self.session, self._line(line, "%jaxsys"))
 
-        ``start`` launches one ipyparallel engine per host and initialises
-        ``jax.distributed`` on all of them (process i is engine i). Options left out come
-        from ``$JAXSYS_HOSTS`` and ``$JAXSYS_DEVICES_PER_HOST`` (defaults 4 and 2).
-        Clusters are secure by default: mutual TLS on JAX's coordination service with
-        certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
-        ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure``
-        turns both off. ``security`` lists every network endpoint with what protects it,
-        and every connection the coordination service refused (who, why, how often; a
-        line after each cell also reports new ones), and ``rotate-certs`` issues new
-        certificates in place. ``dashboard`` shows the
-        live dashboard: the last mesh and sharding displayed, compilation-cache hits and the
-        liveness of every process, updated while cells run.
-        ``restart`` replaces every process and re-initialises JAX (the way to recover
-        from a hang or a broken collective on CPU); ``restart P`` replaces only process P,
-        which rejoins the running world. ``kill P [--signal KILL|TERM|INT]`` injects a
-        fault. Clusters run with JAX's recoverability on and a heartbeat timeout of
-        ``--heartbeat`` seconds (default 10), so the survivors of a death keep running.
-        ``status`` lists process, engine, pid,
-        host, devices and state. ``stop`` kills every process of the cluster.
-
-        Examples
-        --------
-        ::
-
-            %jaxsys start --hosts 4 --devices-per-host 2
-            %jaxsys status
-            %jaxsys dashboard
-            %jaxsys security
-            %jaxsys restart
-            %jaxsys kill 2
-            %jaxsys restart 2
-            %jaxsys stop
-        """
-        args = parse_argstring(self.jaxsys, line)
-        s = self.session
-        if args.action == "start":
-            hosts = None
-            if args.hosts is not None:
-                if args.hosts.isdigit():
-                    hosts = int(args.hosts)
-                else:
-                    hosts = [h for h in args.hosts.split(",") if h]
-            if args.devices_per_host is not None and args.devices_per_host < 1:
-                raise UsageError("--devices-per-host must be at least 1")
-            s.start(
-                hosts=hosts,
-                devices_per_host=args.devices_per_host,
-                launcher=args.launcher,
-                cache_dir=args.cache_dir,
-                init_timeout=args.init_timeout,
-                secure=not args.insecure,
-                ca_file=args.ca_file,
-                cert_dir=args.cert_dir,
-                env=_env_pairs(args.env),
-                **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
-            )
-        elif args.action == "stop":
-            took = s.stop()
-            print(
-                "jaxsys: no cluster was running"
-                if took is None
-                else f"jaxsys: cluster stopped in {took:.2f} s"
-            )
-        elif args.action == "restart" and args.name is not None:
-            rank = _rank(args.name)
-            took = s.restart_process(rank)
-            print(f"jaxsys: process {rank} restarted and rejoined the JAX world in {took:.1f} s")
-        elif args.action == "restart":
-            took = s.restart()
-            c = s.cluster
-            print(
-                f"jaxsys: restarted all {c.nprocs} processes; JAX world ready again in {took:.1f} s"
-            )
-        elif args.action == "kill":
-            if args.name is None:
-                raise UsageError("%jaxsys kill needs a process, e.g. %jaxsys kill 2")
-            rank = _rank(args.name)
-            took = s.kill_process(rank, args.signal)
-            print(s.kill_message(rank, args.signal, took))
-        elif args.action == "status":
-            print(format_status(s.status_rows()))
-            print(f"security: {s.cluster.security}")
-            rotation = s.rotation_line()
-            if rotation:
-                print(rotation)
-            refused = s.refusals()
-            if refused:
-                print(
-                    f"refused: {sum(r.attempts for r in refused)} connection(s) from "
-                    f"{len({r.host for r in refused})} address(es); see %jaxsys security"
-                )
-        elif args.action == "dashboard":
-            return s.show_dashboard()
-        elif args.action == "security":
-            from ..cluster.audit import audit, format_audit, format_refusals
-
-            print(f"security: {s.require_cluster().security}")
-            print(format_audit(audit(s.cluster)))
-            if s.cluster.pki is not None:
-                print(format_refusals(s.refusals(), s.cluster.reports_refusals))
-        elif args.action == "rotate-certs":
-            serials = s.rotate_certs()
-            print(
-                "jaxsys: new certificates written for "
-                + ", ".join(f"p{r} (serial {hex(x)[:12]})" for r, x in enumerate(serials))
-                + ".\nJAX re-reads them about every 10 minutes; jaxsys says when the "
-                "coordination service presents the new one (%jaxsys status shows where it stands)."
-            )
-        elif args.action == "inspect":
-            if not args.name:
-                raise UsageError("%jaxsys inspect needs a name, e.g. %jaxsys inspect jnp.sum")
-            reply = s.remote_inspect(args.name, len(args.name), args.detail)
-            if reply is None or not reply.get("found"):
-                print(f"Object `{args.name}` not found on process 0.")
-            else:
-                from IPython.display import publish_display_data
-
-                publish_display_data(reply["data"], reply.get("metadata", {}))
+    jaxsys.__doc__ = actions.overview()
 
     @magic_arguments()
     @argument("--procs", default=None, help="processes to run on, e.g. 0,2-3 (default: all)")
     @argument(
         "--timeout",
-        type=_positive_float,
+        type=seconds,
         default=None,
+        metavar="SECONDS",
         help="interrupt processes still running after this many seconds",
     )
     @argument(
@@ -259,8 +101,9 @@ class JaxSysMagics(Magics):
     )
     @argument(
         "--grace",
-        type=_positive_float,
+        type=seconds,
         default=None,
+        metavar="SECONDS",
         help="once a process fails, seconds the others may run on before the cell counts as hung (default 10)",
     )
     @argument(
@@ -275,6 +118,7 @@ class JaxSysMagics(Magics):
         help="run even though the JAX world is out of step (no collectives!)",
     )
     @argument("mode", nargs="?", choices=("on", "off"), help="line form only: SPMD mode on or off")
+    @no_var_expand
     @line_cell_magic
     def multihost(self, line: str = "", cell: str | None = None):
         """Run a cell on every JAX process (``%%multihost``), or switch SPMD mode (``%multihost on|off``).
@@ -314,7 +158,7 @@ class JaxSysMagics(Magics):
 
             %multihost on
         """
-        args = parse_argstring(self.multihost, line)
+        args = self.multihost.parser.parse_args(split(self._line(line, "%multihost")))
         if cell is None:
             if args.mode is None:
                 state = "on" if self.session.spmd else "off"
@@ -347,6 +191,7 @@ class JaxSysMagics(Magics):
             force=args.force,
         )
 
+    @no_var_expand
     @cell_magic
     def local(self, line: str, cell: str):
         """Run this cell in the kernel process, not on the JAX processes.
@@ -363,7 +208,7 @@ class JaxSysMagics(Magics):
             print(np.asarray(x).sum())
         """
         if line.strip():
-            raise UsageError(f"%%local takes no options, got {line.strip()!r}")
+            raise UsageError(f"%%local takes no options, got {bounded(line, '%%local').strip()!r}")
         result = self.shell.run_cell(cell, store_history=False)
         if result.error_in_exec is not None:
             raise result.error_in_exec
@@ -371,6 +216,7 @@ class JaxSysMagics(Magics):
     @magic_arguments()
     @argument("name", help="the variable to bring into the kernel")
     @argument("--proc", type=int, default=0, help="the process to take the value from (default 0)")
+    @no_var_expand
     @line_magic
     def pull(self, line: str = ""):
         """Bring a variable from a JAX process into the kernel's namespace.
@@ -386,7 +232,7 @@ class JaxSysMagics(Magics):
             %pull x              # x from process 0, as numpy
             %pull losses --proc 2
         """
-        args = parse_argstring(self.pull, line)
+        args = self.pull.parser.parse_args(split(self._line(line, "%pull", expand_vars=False)))
         value = self.session.pull(args.name, args.proc)
         self.shell.user_ns[args.name] = value
         shape = getattr(value, "shape", None)

@@ -1,0 +1,455 @@
+"""The actions of ``%jaxsys``: one small function per action, each with its own options.
+
+``%jaxsys ACTION ...`` looks the action up in :data:`ACTIONS` and hands it only the words
+after the action's name; its own parser (IPython's ``magic_arguments``) knows only its own
+options, and its docstring is its help (``%jaxsys help ACTION``). Every action is a plain
+function of the session and the parsed options, so tests call them without a kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import publish_display_data
+
+from .. import contract
+from .._ranges import format_procs
+from . import actions_help
+from .actions_args import count, env_pairs, rank, seconds, split
+from .actions_help import Action
+
+# Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
+# stuck in an earlier cell, and the kernel must not wait for it forever).
+LOGS_TIMEOUT = 10.0
+
+
+def format_status(rows: list[dict]) -> str:
+    """Render ``Cluster.status()`` rows as an aligned text table."""
+    header = ["process", "engine", "pid", "host", "devices", "state"]
+    body = [
+        [
+            str(r["rank"]),
+            "-" if r["engine_id"] is None else str(r["engine_id"]),
+            "-" if r["pid"] is None else str(r["pid"]),
+            r["host"] or "-",
+            ",".join(map(str, r["devices"])) or "-",
+            r["state"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *body]
+    ]
+    return "\n".join(lines)
+
+
+# -- the actions ------------------------------------------------------------------------------
+
+
+@magic_arguments("jaxsys start")
+@argument(
+    "--hosts",
+    type=str,
+    default=None,
+    metavar="HOSTS",
+    help=f"number of processes, or host1,host2,... for ssh (default ${contract.HOSTS}, else 4)",
+)
+@argument(
+    "--devices-per-host",
+    type=int,
+    default=None,
+    metavar="D",
+    help=f"CPU devices per process (default ${contract.DEVICES_PER_HOST}, else 2)",
+)
+@argument(
+    "--launcher",
+    choices=("local", "ssh", "mpi", "slurm"),
+    default=None,
+    help=f"how processes are started (default ${contract.LAUNCHER}, else local)",
+)
+@argument("--cache-dir", default=None, metavar="DIR", help="persistent compilation cache directory")
+@argument(
+    "--init-timeout",
+    type=seconds,
+    default=60.0,
+    metavar="SECONDS",
+    help="seconds allowed for jax.distributed.initialize",
+)
+@argument(
+    "--env",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="an environment variable for every process",
+)
+@argument("--insecure", action="store_true", help="no mTLS, no CurveZMQ (not recommended)")
+@argument("--ca-file", default=None, metavar="PEM", help="your own CA certificate, with --cert-dir")
+@argument(
+    "--cert-dir",
+    default=None,
+    metavar="DIR",
+    help="directory with process-<i>.pem/.key signed by --ca-file",
+)
+@argument(
+    "--heartbeat",
+    type=seconds,
+    default=None,
+    metavar="SECONDS",
+    help="seconds without heartbeats before JAX declares a process dead (default 10)",
+)
+def start(session, args: argparse.Namespace) -> None:
+    """Launch one process per host and join them into one JAX world.
+
+    Each process is an ipyparallel engine (process i is engine i) that initialises
+    ``jax.distributed``. Clusters are secure by default: mutual TLS on JAX's coordination
+    service with certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
+    ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure`` turns
+    both off. JAX's recoverability is on, so the survivors of a death keep running.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys start --hosts 4 --devices-per-host 2
+        %jaxsys start --hosts 2 --cache-dir /tmp/jax-cache --env XLA_FLAGS=--xla_dump_to=/tmp/x
+        %jaxsys start --launcher ssh --hosts node1,node2
+    """
+    hosts = None
+    if args.hosts is not None:
+        hosts = int(args.hosts) if args.hosts.isdigit() else [h for h in args.hosts.split(",") if h]
+    if args.devices_per_host is not None and args.devices_per_host < 1:
+        raise UsageError("--devices-per-host must be at least 1")
+    session.start(
+        hosts=hosts,
+        devices_per_host=args.devices_per_host,
+        launcher=args.launcher,
+        cache_dir=args.cache_dir,
+        init_timeout=args.init_timeout,
+        secure=not args.insecure,
+        ca_file=args.ca_file,
+        cert_dir=args.cert_dir,
+        env=env_pairs(args.env),
+        **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
+    )
+
+
+@magic_arguments("jaxsys stop")
+def stop(session, args: argparse.Namespace) -> None:
+    """Kill every process of the cluster.
+
+    Shutting down or restarting the kernel does the same.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys stop
+    """
+    took = session.stop()
+    print(
+        "jaxsys: no cluster was running"
+        if took is None
+        else f"jaxsys: cluster stopped in {took:.2f} s"
+    )
+
+
+@magic_arguments("jaxsys restart")
+@argument("process", nargs="?", metavar="P", help="restart only this process, e.g. 2 or p2")
+def restart(session, args: argparse.Namespace) -> None:
+    """Replace every process and re-initialise JAX, or replace one process.
+
+    Without ``P`` this is the way to recover from a hang or a broken collective on CPU.
+    With ``P`` only that process is replaced, and it rejoins the running JAX world
+    (process 0 cannot: it hosts the coordination service).
+
+    Examples
+    --------
+    ::
+
+        %jaxsys restart
+        %jaxsys restart 2
+    """
+    if args.process is not None:
+        r = rank(args.process)
+        took = session.restart_process(r)
+        print(f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s")
+        return
+    took = session.restart()
+    print(
+        f"jaxsys: restarted all {session.cluster.nprocs} processes; "
+        f"JAX world ready again in {took:.1f} s"
+    )
+
+
+@magic_arguments("jaxsys kill")
+@argument("process", metavar="P", help="the process to kill, e.g. 2 or p2")
+@argument("--signal", choices=("KILL", "TERM", "INT"), default="KILL", help="the signal to send")
+def kill(session, args: argparse.Namespace) -> None:
+    """Inject a fault: send a signal to one process.
+
+    The others keep running; JAX declares the process dead after the heartbeat timeout
+    (``%jaxsys start --heartbeat``), and ``%jaxsys restart P`` brings it back.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys kill 2
+        %jaxsys kill 2 --signal TERM
+    """
+    r = rank(args.process)
+    took = session.kill_process(r, args.signal)
+    print(session.kill_message(r, args.signal, took))
+
+
+@magic_arguments("jaxsys status")
+def status(session, args: argparse.Namespace) -> None:
+    """List every process: process, engine, pid, host, devices and state.
+
+    A line on the cluster's security follows, then where a certificate rotation stands
+    and how many connections the coordination service refused, if any.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys status
+    """
+    print(format_status(session.status_rows()))
+    print(f"security: {session.cluster.security}")
+    rotation = session.rotation_line()
+    if rotation:
+        print(rotation)
+    refused = session.refusals()
+    if refused:
+        print(
+            f"refused: {sum(r.attempts for r in refused)} connection(s) from "
+            f"{len({r.host for r in refused})} address(es); see %jaxsys security"
+        )
+
+
+@magic_arguments("jaxsys dashboard")
+def dashboard(session, args: argparse.Namespace) -> Any:
+    """Show the live dashboard: mesh, sharding, cache hits and liveness of every process.
+
+    It holds the last mesh and sharding displayed, compilation-cache hits and the liveness
+    of every process, updated while cells run, with buttons that stop, dump stacks, kill
+    or restart processes even while a cell blocks. Its log lists state changes and
+    refused connections as they happen.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys dashboard
+    """
+    return session.show_dashboard()
+
+
+@magic_arguments("jaxsys security")
+def security(session, args: argparse.Namespace) -> None:
+    """List every network endpoint of the cluster with what protects it.
+
+    Every process is asked which TCP ports it listens on, so JAX's data-plane ports are
+    found too. Below the table: every connection the coordination service refused (who,
+    why, how often).
+
+    Examples
+    --------
+    ::
+
+        %jaxsys security
+    """
+    # Deferred: the audit pulls in the TLS machinery, which only this action needs.
+    from ..cluster.audit import audit, format_audit, format_refusals
+
+    print(f"security: {session.require_cluster().security}")
+    print(format_audit(audit(session.cluster)))
+    if session.cluster.pki is not None:
+        print(format_refusals(session.refusals(), session.cluster.reports_refusals))
+
+
+@magic_arguments("jaxsys rotate-certs")
+def rotate_certs(session, args: argparse.Namespace) -> None:
+    """Issue new certificates to every process, in place.
+
+    The CA stays, so connections are accepted throughout the changeover. JAX re-reads the
+    files about every 10 minutes; a line after a cell says when the coordination service
+    presents the new certificate, and ``%jaxsys status`` shows where it stands.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys rotate-certs
+    """
+    serials = session.rotate_certs()
+    print(
+        "jaxsys: new certificates written for "
+        + ", ".join(f"p{r} (serial {hex(x)[:12]})" for r, x in enumerate(serials))
+        + ".\nJAX re-reads them about every 10 minutes; jaxsys says when the "
+        "coordination service presents the new one (%jaxsys status shows where it stands)."
+    )
+
+
+@magic_arguments("jaxsys inspect")
+@argument("name", metavar="NAME", help="the name to look up on process 0")
+@argument("--detail", type=int, default=0, help="1 shows the source, like ??")
+def inspect_(session, args: argparse.Namespace) -> None:
+    """Show help on a name in process 0's namespace, as ``NAME?`` does in the kernel.
+
+    In SPMD mode a cell ``NAME?`` (or ``NAME??``) becomes this action.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys inspect jnp.sum
+        %jaxsys inspect train_step --detail 1
+    """
+    reply = session.remote_inspect(args.name, len(args.name), args.detail)
+    if reply is None or not reply.get("found"):
+        print(f"Object `{args.name}` not found on process 0.")
+    else:
+        publish_display_data(reply["data"], reply.get("metadata", {}))
+
+
+@magic_arguments("jaxsys logs")
+@argument("process", metavar="P", help="the process whose log to show, e.g. 2 or p2")
+@argument("--tail", type=count, default=40, metavar="N", help="how many of the last lines to show")
+def logs(session, args: argparse.Namespace) -> None:
+    """Show the end of one process's native log.
+
+    Native code (gloo, XLA, gRPC, absl) writes chatter, such as gloo's connection
+    messages and gRPC's INFO records, that is kept out of cell output; each process keeps
+    it in a log of its own, and this shows its last lines.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys logs 0
+        %jaxsys logs 2 --tail 200
+    """
+    text = process_log(session, args.process, args.tail)
+    if not text:
+        print(f"jaxsys: process {rank(args.process)} has no native log lines yet")
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
+
+
+def process_log(session, process: str, tail: int, timeout: float = LOGS_TIMEOUT) -> str:
+    """The last ``tail`` lines of the native log of ``process`` (``"2"`` or ``"p2"``).
+
+    Raises
+    ------
+    UsageError
+        If the cluster has no such process, it is not running, or it does not answer
+        within ``timeout`` seconds.
+    """
+    # Deferred: the engine module is only needed to name the function shipped to the engine.
+    from ..engine import output
+
+    cluster = session.require_cluster()
+    processes = format_procs(cluster.ranks)
+    try:
+        r = rank(process)
+    except UsageError:
+        raise UsageError(
+            f"expected a process number such as 0, got {process!r}; this cluster's processes "
+            f"are {processes}"
+        ) from None
+    if not 0 <= r < cluster.nprocs:
+        raise UsageError(f"there is no process {r}; this cluster's processes are {processes}")
+    cluster.refresh_states()
+    info = cluster.processes[r]
+    if info.state != "ready" or info.engine_id is None:
+        raise UsageError(
+            f"process {r} is {info.state}; its log can only be read while it runs "
+            f"(%jaxsys restart {r} brings it back)"
+        )
+    reply = cluster.client[info.engine_id].apply_async(output.log_tail, tail)
+    try:
+        return reply.get(timeout=timeout)
+    except TimeoutError:
+        raise UsageError(
+            f"process {r} did not send its log within {timeout:g} s (it may still be busy "
+            "with an earlier cell)"
+        ) from None
+
+
+# -- the table and the dispatcher ---------------------------------------------------------------
+
+ACTIONS: dict[str, Action] = {
+    a.name: a
+    for a in (
+        Action("start", start),
+        Action("stop", stop),
+        Action("restart", restart),
+        Action("kill", kill, "%jaxsys kill needs a process, e.g. %jaxsys kill 2"),
+        Action("status", status),
+        Action("dashboard", dashboard),
+        Action("security", security),
+        Action("rotate-certs", rotate_certs),
+        Action("inspect", inspect_, "%jaxsys inspect needs a name, e.g. %jaxsys inspect jnp.sum"),
+        Action("logs", logs, "%jaxsys logs needs a process, e.g. %jaxsys logs 0"),
+    )
+}
+
+JAXSYS_ACTIONS = tuple(ACTIONS)
+
+HELP_WORDS = ("-h", "--help", "?", "??")
+
+
+def overview() -> str:
+    """``%jaxsys?``: every action with its usage and one line, then examples."""
+    return actions_help.overview(ACTIONS.values())
+
+
+def lookup(name: str) -> Action:
+    """The action called ``name``.
+
+    Raises
+    ------
+    UsageError
+        Listing the actions, if there is none by that name.
+    """
+    found = ACTIONS.get(name)
+    if found is None:
+        choices = ", ".join(repr(n) for n in (*JAXSYS_ACTIONS, "help"))
+        raise UsageError(
+            f"argument action: invalid choice: {name!r} (choose from {choices}); "
+            "%jaxsys? lists them"
+        )
+    return found
+
+
+def dispatch(session, line: str) -> Any:
+    """Carry out one ``%jaxsys`` line: look up its action, parse the rest, run it.
+
+    Returns
+    -------
+    object
+        What the action returns (the dashboard widget for ``dashboard``, else None).
+    """
+    words = split(line)
+    if not words:
+        raise UsageError(
+            "the following arguments are required: action (%jaxsys? lists the actions)"
+        )
+    name, rest = words[0], words[1:]
+    if name in ("help", *HELP_WORDS):
+        if len(rest) > 1:
+            raise UsageError("%jaxsys help takes one action, e.g. %jaxsys help start")
+        print(lookup(rest[0]).help() if rest else overview())
+        return None
+    act = lookup(name)
+    if any(w in HELP_WORDS for w in rest):
+        print(act.help())
+        return None
+    return act.run(session, act.parse(rest))

@@ -1,0 +1,125 @@
+"""Argument handling shared by the jaxsys magics: splitting, bounds, typed option values.
+
+Every failure here is a :class:`~IPython.core.error.UsageError` (or an
+``argparse.ArgumentTypeError``, which the magic's parser turns into one), so a mistyped
+line never surfaces as a ``ValueError`` from deep inside the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from IPython.core.error import UsageError
+from IPython.utils.process import arg_split
+from IPython.utils.text import DollarFormatter
+
+# Longest magic line accepted. A real line is a few hundred characters (a long ssh host
+# list is under 2 KB); IPython's ``$var`` / ``{expr}`` expansion is quadratic in the
+# line's length, so an unbounded line could block the kernel for many seconds.
+MAX_LINE = 4096
+
+_formatter = DollarFormatter()
+
+
+def bounded(line: str, magic: str, limit: int = MAX_LINE) -> str:
+    """Return ``line`` if it is at most ``limit`` characters long.
+
+    Raises
+    ------
+    UsageError
+        Naming the magic, the length and the limit.
+    """
+    if len(line) > limit:
+        raise UsageError(
+            f"{magic}: the line is {len(line)} characters long; at most {limit} are accepted"
+        )
+    return line
+
+
+def expand(line: str, namespace: dict) -> str:
+    """Expand ``$name`` and ``{expression}`` in ``line`` as IPython does for magic lines.
+
+    The magics opt out of IPython's own expansion (it runs before any length check) and
+    call this on the bounded line instead, so that lines such as
+    ``%jaxsys start --cache-dir {cache_dir}`` keep working. As in IPython, a line that
+    cannot be expanded is used as it is.
+    """
+    if "$" not in line and "{" not in line:
+        return line
+    try:
+        return _formatter.vformat(line, args=[], kwargs=dict(namespace))
+    except Exception:  # noqa: BLE001 - IPython's rule: an unexpandable line stays as written
+        return line
+
+
+def split(line: str) -> list[str]:
+    """Split a magic line into words the way IPython's magics always have.
+
+    Quotes are kept in the words (IPython's ``arg_split`` with ``posix=False``), so every
+    line that parsed before parses the same way.
+
+    Raises
+    ------
+    UsageError
+        If the line cannot be split, e.g. a quotation is not closed.
+    """
+    try:
+        return arg_split(line, strict=True)
+    except ValueError as e:
+        raise UsageError(f"cannot read the options: {e} in {line.strip()!r}") from None
+
+
+def seconds(text: str) -> float:
+    """A finite, positive number of seconds (an argparse ``type``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """A whole number of at least 1 (an argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def env_pairs(items: list[str]) -> dict[str, str]:
+    """``["K=V", ...]`` from repeated ``--env`` options as a dict.
+
+    Raises
+    ------
+    UsageError
+        If an item has no ``=`` or no key.
+    """
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
+def rank(text: str) -> int:
+    """A process number, written ``2`` or ``p2``.
+
+    Raises
+    ------
+    UsageError
+        If ``text`` is neither.
+    """
+    try:
+        return int(text.removeprefix("p"))
+    except ValueError:
+        raise UsageError(f"expected a process number such as 2, got {text!r}") from None
