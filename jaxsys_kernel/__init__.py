@@ -83,9 +83,16 @@ def load_ipython_extension(ipython):
     ----------
     ipython : IPython.core.interactiveshell.InteractiveShell
         The shell to extend.
+
+    Raises
+    ------
+    jaxsys_kernel._compat.IncompatibleVersion
+        If the installed ipyparallel or ipykernel is not a release jaxsys supports.
     """
+    from . import _compat
     from .magics import register_magics
 
+    _compat.check_versions()
     register_magics(ipython)
 
 

@@ -6,6 +6,7 @@ import concurrent.futures
 
 from ipykernel.ipkernel import IPythonKernel
 
+from .. import _compat
 from .._version import __version__
 from ..magics import register_magics
 
@@ -23,6 +24,9 @@ class JaxSysKernel(IPythonKernel):
     banner = f"jaxsys {__version__}: multi-controller JAX from one notebook (%jaxsys? for help)"
 
     def __init__(self, **kwargs):
+        # jaxsys uses internals of specific ipyparallel and ipykernel releases: refuse
+        # others here, with the versions to install, rather than fail inside a cell.
+        _compat.check_versions()
         super().__init__(**kwargs)
         self.jaxsys = register_magics(self.shell)
         self.jaxsys.control_subshell = self.control_subshell
@@ -36,18 +40,17 @@ class JaxSysKernel(IPythonKernel):
         """
         if self._control_subshell is not None:
             return self._control_subshell
-        thread = getattr(self, "shell_channel_thread", None)
-        if not getattr(self, "_supports_kernel_subshells", False) or thread is None:
+        if not _compat.supports_subshells(self):
             return None
         fut: concurrent.futures.Future = concurrent.futures.Future()
 
         def create() -> None:
             try:
-                fut.set_result(thread.manager._create_subshell())
+                fut.set_result(_compat.create_subshell(self))
             except Exception as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
 
-        thread.io_loop.add_callback(create)
+        self.shell_channel_thread.io_loop.add_callback(create)
         self._control_subshell = fut.result(timeout=10)
         return self._control_subshell
 

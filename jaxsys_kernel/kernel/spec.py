@@ -7,6 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import contract
+
 KERNEL_NAME = "jaxsys"
 
 
@@ -16,8 +18,8 @@ def kernel_spec(hosts: int = 4, devices_per_host: int = 2, python: str | None = 
     Parameters
     ----------
     hosts, devices_per_host : int
-        Defaults for clusters started by the kernel (``$JAXSYS_HOSTS``,
-        ``$JAXSYS_DEVICES_PER_HOST``).
+        Defaults for clusters started by the kernel, written into the spec's environment
+        (``contract.HOSTS``, ``contract.DEVICES_PER_HOST``).
     python : str, optional
         Interpreter that runs the kernel; this one by default.
     """
@@ -26,7 +28,7 @@ def kernel_spec(hosts: int = 4, devices_per_host: int = 2, python: str | None = 
         "display_name": "jaxsys (multi-host JAX)",
         "language": "python",
         "interrupt_mode": "signal",
-        "env": {"JAXSYS_HOSTS": str(hosts), "JAXSYS_DEVICES_PER_HOST": str(devices_per_host)},
+        "env": {contract.HOSTS: str(hosts), contract.DEVICES_PER_HOST: str(devices_per_host)},
         "metadata": {"debugger": False},
     }
 
