@@ -15,12 +15,13 @@ import threading
 import time
 from collections import deque
 
+from .. import contract
 from ..telemetry import schema
 
-ENV_ADDRESS = "JAXSYS_TELEMETRY"
-ENV_SERVER_KEY = "JAXSYS_TELEMETRY_KEY"
-ENV_INCARNATION = "JAXSYS_INCARNATION"
-ENV_INTERVAL = "JAXSYS_HEARTBEAT_INTERVAL"
+ENV_ADDRESS = contract.TELEMETRY
+ENV_SERVER_KEY = contract.TELEMETRY_KEY
+ENV_INCARNATION = contract.INCARNATION
+ENV_INTERVAL = contract.HEARTBEAT_INTERVAL
 
 _agent: Agent | None = None
 # Events published before the agent exists (process 0 can refuse a handshake while JAX is

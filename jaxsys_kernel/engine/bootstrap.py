@@ -10,15 +10,16 @@ import sys
 import threading
 import time
 
-# Launchers put the rank in different variables; ours comes first because it is the one
-# jaxsys controls. Engine ids never decide the rank: they follow registration order.
-RANK_VARIABLES = ("JAXSYS_PROCESS_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+from .. import _compat, contract
+
+# Launchers put the rank in different variables (see contract.RANK_VARIABLES).
+RANK_VARIABLES = contract.RANK_VARIABLES
 
 
 OUTPUT_FLUSH_INTERVAL = 0.05
 _stack_fh = None
 # Set for engines on other hosts: their stack dumps reach the kernel as telemetry.
-ENV_STACKS_RELAY = "JAXSYS_RELAY_STACKS"
+ENV_STACKS_RELAY = contract.RELAY_STACKS
 STACK_RELAY_INTERVAL = 0.1
 MAX_STACK_DUMP = 256 * 1024
 
@@ -36,19 +37,16 @@ def process_rank() -> int:
     RuntimeError
         If none of the rank variables is set.
     """
-    for name in RANK_VARIABLES:
-        value = os.environ.get(name)
-        if value is not None:
-            return int(value)
-    raise RuntimeError(f"no rank in the environment; set one of {', '.join(RANK_VARIABLES)}")
+    return contract.rank_from_env()
 
 
 def describe_process() -> dict:
     """Report who this engine is, before JAX starts.
 
     Also arms ``faulthandler`` on SIGUSR1 so that the stacks of a process blocked in a
-    collective can be dumped into its log without interrupting it, and, in the process
-    serving the coordination service, starts watching for refused TLS handshakes.
+    collective can be dumped into its log without interrupting it, and starts reading
+    what native code writes to fd 1 and fd 2 (:mod:`jaxsys_kernel.engine.output`; in the
+    process serving the coordination service that includes refused TLS handshakes).
 
     Returns
     -------
@@ -57,8 +55,9 @@ def describe_process() -> dict:
     """
     if hasattr(signal, "SIGUSR1"):
         # A file of its own: fd 2 is captured by ipykernel and would land in cell output.
-        relay = bool(os.environ.get(ENV_STACKS_RELAY))
-        stack_file = os.environ.get("JAXSYS_STACK_FILE") or (_own_stack_file() if relay else None)
+        env = contract.EngineEnv.from_env()
+        relay = env.relay_stacks
+        stack_file = env.stack_file or (_own_stack_file() if relay else None)
         global _stack_fh
         if stack_file and _stack_fh is None:
             _stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
@@ -70,20 +69,12 @@ def describe_process() -> dict:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_INTERVAL
-    from . import display, native_log
+    from . import display, output
 
     display.register_formatters()
-    # Only now is fd 2 ipykernel's pipe: the watch must sit in front of it, not behind.
-    native_log.watch_from_env()
-    nanny_pid = None
-    try:
-        from ipyparallel.engine.app import IPEngine
-
-        if IPEngine.initialized():
-            pipe = getattr(IPEngine.instance(), "nanny_pipe", None)
-            nanny_pid = getattr(pipe, "pid", None)
-    except Exception:  # noqa: BLE001 - the nanny pid is only a cleanup aid
-        nanny_pid = None
+    # Only now are fd 1 and fd 2 ipykernel's pipes: ours must sit in front of them.
+    output.install_from_env()
+    nanny_pid = _compat.nanny_pid()
     host = socket.gethostname()
     address = _host_address(host)
     return {
@@ -187,33 +178,37 @@ def start_early_init() -> None:
     """Begin ``import jax`` and, if the launcher gave the world's shape, initialisation.
 
     Called from the engine's config file while the engine registers with the hub, so that
-    the slowest part of start-up overlaps with it. The environment carries the rank
-    (``JAXSYS_PROCESS_ID``), ``JAXSYS_NUM_PROCESSES``, ``JAXSYS_COORDINATOR`` and
-    ``JAXSYS_INIT_TIMEOUT``; without a coordinator only the import happens.
+    the slowest part of start-up overlaps with it. The environment
+    (:class:`jaxsys_kernel.contract.EngineEnv`) carries the rank, the number of processes,
+    the coordinator and the timeouts; without a coordinator only the import happens.
     """
     global _early
     if _early is not None:
         return
     early = _early = _EarlyInit()
-    env = os.environ
-    coordinator = early.coordinator = env.get("JAXSYS_COORDINATOR")
+    try:
+        env = contract.EngineEnv.from_env()
+    except ValueError as e:
+        # Handed to the kernel by initialize(), like any other start-up error.
+        early.error = e
+        early.done.set()
+        return
+    coordinator = early.coordinator = env.coordinator
 
     def run():
         try:
             import jax  # noqa: F401 - the import is the point
 
             if coordinator:
+                if env.num_processes is None:
+                    raise RuntimeError(f"${contract.NUM_PROCESSES} is not set")
                 early.result = _join(
                     coordinator,
-                    int(env["JAXSYS_NUM_PROCESSES"]),
+                    env.num_processes,
                     process_rank(),
                     bind_address=coordinator,
-                    timeout=float(env.get("JAXSYS_INIT_TIMEOUT", "60")),
-                    heartbeat_timeout=(
-                        float(env["JAXSYS_HEARTBEAT_TIMEOUT"])
-                        if env.get("JAXSYS_HEARTBEAT_TIMEOUT")
-                        else None
-                    ),
+                    timeout=env.init_timeout,
+                    heartbeat_timeout=env.heartbeat_timeout,
                 )
         except BaseException as e:  # noqa: BLE001 - handed to the kernel by initialize()
             early.error = e

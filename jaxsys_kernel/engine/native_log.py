@@ -3,10 +3,10 @@
 JAX logs nothing when its coordination service refuses a TLS handshake. gRPC does, once
 its ``handshaker`` tracer is on (``GRPC_TRACE=handshaker``, ``GRPC_VERBOSITY=INFO``): one
 record per failed handshake, naming the peer's address and the TLS error. Those records go
-to file descriptor 2, which ipykernel forwards into cell output. :class:`NativeLogWatch`
-sits in front of fd 2 in process 0, turns each refused handshake into a telemetry event,
-and passes everything else on unchanged, except the INFO records that only exist because
-the tracer had to be turned on.
+to file descriptor 2. :class:`NativeLogWatch` reads fd 2's lines in process 0 (the engine's
+native output reader, :mod:`jaxsys_kernel.engine.output`, hands them over), turns each
+refused handshake into a telemetry event, and keeps everything else, except the INFO
+records that only exist because the tracer had to be turned on.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import re
 import threading
 from collections.abc import Callable
 
+from .. import contract
+from .fdpipe import FdReader, LineAssembler
+
 # glog/absl prefix: level, MMDD, time, thread id, file:line]
 _HEADER = re.compile(rb"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ([^:\s]+):\d+\] ")
 # Lines that continue a gRPC INFO record: gRPC prints a status's source trace and the
 # handshaker's arguments on lines of their own.
-_PARTIAL_HEADER = re.compile(rb"^[IWEF]\d")
 _CONTINUATION = re.compile(rb"^(=== Source Location Trace|\S+\.(cc|h):\d+\s*$| |\s*$)")
 _REFUSAL_ERROR = re.compile(
     r"CallNextHandshakerLocked: error=(?!OK\b)(.*?)(?:\n=== Source Location Trace|\n? shutdown=)",
@@ -30,11 +32,9 @@ _PEER = re.compile(r"grpc\.internal\.endpoint_peer_address=([^,}\s]+)")
 # Printed once by gRPC when its verbosity is raised; it would alarm users for nothing.
 _VERBOSITY_WARNING = b"is not suitable for production"
 
-# A line this long without a newline is passed on as it is rather than held.
-MAX_PARTIAL_LINE = 1 << 20
-
-ENV_WATCH = "JAXSYS_WATCH_HANDSHAKES"
-ENV_DROP_INFO = "JAXSYS_DROP_NATIVE_INFO"
+# The launcher's switches for process 0 (kept here under their old names too).
+ENV_WATCH = contract.WATCH_HANDSHAKES
+ENV_DROP_INFO = contract.DROP_NATIVE_INFO
 
 
 def handshake_refusal(record: str) -> dict | None:
@@ -79,19 +79,21 @@ def strip_scheme(address: str) -> str:
 
 
 class NativeLogWatch:
-    """A filter in front of this process's fd 2 that reports refused TLS handshakes.
+    """Reads fd 2's lines in process 0 and reports refused TLS handshakes.
 
     Parameters
     ----------
     on_refusal : callable
-        Called with ``{"peer", "error"}`` for every refused handshake, on the watch's thread.
+        Called with ``{"peer", "error"}`` for every refused handshake, on the calling thread.
     drop_info : bool
         Swallow INFO records (they are only there because the tracer was turned on).
 
     Notes
     -----
-    Install it after ipykernel has redirected fd 2 (that is, after the engine registered):
-    the watch passes what it keeps on to whatever fd 2 was, so cell output is unchanged.
+    In an engine, the native output reader feeds it every whole fd 2 line
+    (:meth:`feed_line`); what it swallows stays in the process's native log. On its own,
+    :meth:`install` puts it in front of fd 2 and passes what it keeps on to whatever fd 2
+    was before.
     """
 
     def __init__(self, on_refusal: Callable[[dict], None], drop_info: bool = True):
@@ -99,25 +101,31 @@ class NativeLogWatch:
         self.drop_info = drop_info
         self.refused = 0
         self.dropped = 0
-        self._downstream: int | None = None
-        self._read_fd: int | None = None
         self._record: list[bytes] | None = None
         self._reported = False
+        self._reader: FdReader | None = None
+        self._lines = LineAssembler()
         self._thread: threading.Thread | None = None
 
     def install(self) -> NativeLogWatch:
-        """Put the filter in front of fd 2 and start reading."""
-        read_fd, write_fd = os.pipe()
-        self._downstream = os.dup(2)
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
-        self._read_fd = read_fd
-        self._thread = threading.Thread(target=self._run, name="jaxsys-native-log", daemon=True)
-        self._thread.start()
+        """Put the watch in front of fd 2 on its own and start reading.
+
+        If reading ever fails, fd 2 gets back what it was, so writers never block.
+        """
+        self._reader = FdReader((2,), self._pass_on, name="jaxsys-native-log").install()
+        self._thread = self._reader._thread
         return self
 
+    def _pass_on(self, fd: int, chunk: bytes) -> None:
+        out = b"".join(self.feed_line(line) for line in self._lines.feed(chunk))
+        if out:
+            try:
+                os.write(self._reader.downstream(fd), out)
+            except OSError:
+                pass
+
     def feed_line(self, line: bytes) -> bytes:
-        """Take one line of fd 2 output; return what to pass on (maybe ``b""``).
+        """Take one line of fd 2 output; return what to keep (maybe ``b""``).
 
         Parameters
         ----------
@@ -158,67 +166,27 @@ class NativeLogWatch:
             except Exception:  # noqa: BLE001 - reporting must never cost the process its stderr
                 pass
 
-    def _run(self) -> None:
-        try:
-            self._filter()
-        except Exception:  # noqa: BLE001 - see below
-            # fd 2 must never end at a pipe nobody reads: once it filled, every writer,
-            # gRPC's logging inside the coordination service included, would block. Only
-            # our own pipe is replaced; if fd 2 was moved elsewhere meanwhile, it stays.
-            try:
-                if os.fstat(2).st_ino == os.fstat(self._read_fd).st_ino:
-                    os.dup2(self._downstream, 2)
-            except OSError:
-                pass
-
-    def _filter(self) -> None:
-        pending = b""
-        while True:
-            chunk = os.read(self._read_fd, 65536)
-            if not chunk:
-                return
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            out = b"".join(self.feed_line(line + b"\n") for line in lines)
-            if pending and (
-                len(pending) > MAX_PARTIAL_LINE
-                or (self._record is None and not _PARTIAL_HEADER.match(pending))
-            ):
-                # A partial line that is not a log record (e.g. a progress bar): pass it on now.
-                out += pending
-                pending = b""
-            if out:
-                try:
-                    os.write(self._downstream, out)
-                except OSError:
-                    pass
-
-
-_watch: NativeLogWatch | None = None
-
 
 def watch_from_env() -> NativeLogWatch | None:
-    """Install the watch if the launcher asked for it (``$JAXSYS_WATCH_HANDSHAKES``).
+    """A watch reporting refusals as telemetry, if the launcher asked for one.
 
-    Refusals go out as telemetry events. Calling it again does nothing.
+    Only process 0 is started with ``$JAXSYS_WATCH_HANDSHAKES``. The watch is not
+    installed: the caller feeds it fd 2's lines. Its telemetry socket is opened now,
+    because refusals matter most while the others are still joining, before the agent
+    would otherwise start (it starts once JAX is up).
 
     Returns
     -------
     NativeLogWatch or None
     """
-    global _watch
-    if _watch is not None or not os.environ.get(ENV_WATCH):
-        return _watch
+    if not os.environ.get(contract.WATCH_HANDSHAKES):
+        return None
     from ..telemetry import schema
     from . import agent
 
     def report(refusal: dict) -> None:
         agent.publish(schema.REFUSED, **refusal)
 
-    _watch = NativeLogWatch(report, drop_info=bool(os.environ.get(ENV_DROP_INFO))).install()
-    # Refusals matter most while the others are still joining, before the agent would
-    # otherwise start (it starts once JAX is up); its socket is needed now.
-    from .bootstrap import process_rank
-
-    agent.connect_from_env(process_rank())
-    return _watch
+    watch = NativeLogWatch(report, drop_info=bool(os.environ.get(contract.DROP_NATIVE_INFO)))
+    agent.connect_from_env(contract.rank_from_env())
+    return watch
