@@ -12,6 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .. import contract
+
 # Runs inside ipengine / ipcontroller at start-up, before anything else. Kept free of
 # jaxsys imports so it also works where only ipyparallel is installed.
 _PDEATHSIG_SNIPPET = """\
@@ -71,6 +73,16 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
         _HEADER + _PDEATHSIG_SNIPPET.format(signal="SIGTERM") + "c = get_config()  # noqa\n"
     )
     return profile
+
+
+def controller_file(profile: str | os.PathLike, cluster_id: str, kind: str) -> Path:
+    """The controller's connection file for ``kind`` (``engine`` or ``client``)."""
+    return Path(profile) / "security" / f"ipcontroller-{cluster_id}-{kind}.json"
+
+
+def engine_file(profile: str | os.PathLike) -> Path:
+    """Where local engines find the controller's engine connection file, once complete."""
+    return Path(profile) / contract.ENGINE_CONNECTION_FILE
 
 
 def remove_profile(profile: str | os.PathLike) -> None:

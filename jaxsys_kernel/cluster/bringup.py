@@ -1,0 +1,314 @@
+"""Bringing engines up: wait for them to register, learn which rank each serves, and
+initialise JAX everywhere, each with a deadline, explaining per process what went wrong.
+
+The functions work on a :class:`~jaxsys_kernel.cluster.Cluster` being started or restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .. import _compat
+from ..engine import bootstrap
+from . import security
+from .profile import controller_file, engine_file, make_profile
+from .records import ClusterStartError, ProcessInfo
+from .teardown import sub_launchers
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+# Seconds to collect the other processes' errors once one has failed to initialise.
+ERROR_GATHER_S = 1.0
+# Seconds every engine gets to describe itself after registering.
+IDENTIFY_TIMEOUT_S = 30.0
+_POLL_S = 0.05
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    kept = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+def output_tail(launcher) -> str:
+    """The last lines of what a launcher's process printed ("" if it cannot be read)."""
+    try:
+        return _tail(launcher.get_output() or "")
+    except Exception:  # noqa: BLE001 - the output is a hint; its absence is no error
+        return ""
+
+
+def _short_error(exc: BaseException) -> str:
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    return f"{ename}: {evalue}"
+
+
+# -- what went wrong ----------------------------------------------------------------------
+
+
+def launcher_failure(cluster: Cluster, rank: int) -> str | None:
+    """Why the launcher of ``rank`` is no longer running, or None if it is."""
+    es = cluster._launcher.engine_set(rank)
+    if es is None:
+        return None
+    for sub in sub_launchers(es):
+        if getattr(sub, "state", "running") == "after":
+            code = (getattr(sub, "stop_data", None) or {}).get("exit_code")
+            return (
+                f"exited with code {code} before it was ready; its output ends with:\n"
+                f"{output_tail(sub)}"
+            )
+    return None
+
+
+def controller_failure(cluster: Cluster) -> str | None:
+    """Why the ipyparallel controller is no longer running, or None if it is."""
+    ipp = cluster._ipp
+    ctl = ipp.controller if ipp is not None else None
+    if ctl is not None and getattr(ctl, "state", "") == "after":
+        return f"the ipyparallel controller exited early; its output ends with:\n{output_tail(ctl)}"
+    return None
+
+
+# -- the controller and its companions ---------------------------------------------------------
+
+
+async def start_services(cluster: Cluster) -> None:
+    """The profile, ipyparallel's cluster, certificates, telemetry and the controller."""
+    cluster._profile = make_profile()
+    launcher = cluster._launcher
+    ipp = launcher.make_ipp_cluster(cluster._profile, cluster.secure)
+    if cluster.secure:
+        cluster.pki = security.make_pki(
+            cluster.config, cluster._profile, ipp.cluster_id, launcher.certificate_hosts()
+        )
+    if cluster.telemetry_enabled:
+        from ..telemetry.hub import TelemetryHub
+
+        bind, advertise = launcher.telemetry_addresses()
+        cluster.telemetry = TelemetryHub(
+            cluster.nprocs, bind=bind, curve=cluster.secure, advertise=advertise
+        )
+    await ipp.start_controller()
+
+
+# -- registration ------------------------------------------------------------------------
+
+
+async def publish_engine_file(cluster: Cluster, deadline: float) -> None:
+    """Copy the controller's engine connection file once it is complete.
+
+    The controller creates that file empty and fills it afterwards, so an engine that only
+    waits for it to exist can read nothing. Engines wait for this copy instead, which
+    appears atomically.
+    """
+    ipp = cluster._ipp
+    src = controller_file(ipp.profile_dir, ipp.cluster_id, "engine")
+    dst = engine_file(cluster._profile)
+    while True:
+        try:
+            text = src.read_text()
+            json.loads(text)
+            break
+        except (OSError, ValueError):
+            problem = controller_failure(cluster)
+            if problem:
+                raise ClusterStartError(problem) from None
+            if time.monotonic() > deadline:
+                raise ClusterStartError(
+                    f"the controller did not write {src} within {cluster.register_timeout:g} s"
+                ) from None
+            await asyncio.sleep(0.02)
+    tmp = dst.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, dst)
+
+
+def engine_uuids(cluster: Cluster) -> set[str]:
+    """The uuids of every engine the hub knows now."""
+    return set(_compat.engine_uuids(cluster.client).values())
+
+
+def _registration_problem(cluster: Cluster) -> str | None:
+    problem = controller_failure(cluster)
+    if problem:
+        return problem
+    failed = {r: msg for r in cluster.ranks if (msg := launcher_failure(cluster, r))}
+    if failed:
+        return "\n".join(f"process {r} {msg}" for r, msg in sorted(failed.items()))
+    return None
+
+
+async def wait_registered(
+    cluster: Cluster, deadline: float, exclude: set[str], n: int | None = None
+) -> list[int]:
+    """Wait for ``n`` (all) engines whose uuids are not in ``exclude``; return their ids."""
+    n = cluster.nprocs if n is None else n
+    last = -1
+    while True:
+        # A restarted rank may get its old engine id back; only the uuid is new.
+        new = sorted(
+            eid for eid, uuid in _compat.engine_uuids(cluster.client).items() if uuid not in exclude
+        )
+        k = len(new)
+        if k != last:
+            cluster._report("engines registered", min(k, n), n)
+            last = k
+        if k >= n:
+            return new[:n]
+        problem = _registration_problem(cluster)
+        if problem:
+            raise ClusterStartError(problem)
+        if time.monotonic() > deadline:
+            raise ClusterStartError(
+                f"only {k} of {n} engines registered within {cluster.register_timeout:g} s; "
+                f"the engine logs are in {cluster._profile}/log"
+            )
+        await asyncio.sleep(_POLL_S)
+
+
+async def identify(
+    cluster: Cluster, engine_ids: list[int], expected: Sequence[int] | None = None
+) -> dict[int, dict]:
+    """Ask the engines which rank each serves; returns their descriptions by rank."""
+    ar = cluster.client[engine_ids].apply_async(bootstrap.describe_process)
+    infos = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=IDENTIFY_TIMEOUT_S)
+    by_rank: dict[int, dict] = {}
+    for eid, info in zip(engine_ids, infos, strict=True):
+        info["engine_id"] = eid
+        if info["rank"] in by_rank:
+            raise ClusterStartError(
+                f"two engines claim process {info['rank']}: engines "
+                f"{by_rank[info['rank']]['engine_id']} and {eid}"
+            )
+        by_rank[info["rank"]] = info
+    missing = sorted(set(cluster.ranks if expected is None else expected) - set(by_rank))
+    if missing:
+        raise ClusterStartError(f"no engine reported rank(s) {missing}")
+    return by_rank
+
+
+# -- JAX initialisation ---------------------------------------------------------------------
+
+
+def _coordinator(cluster: Cluster, ranks: Sequence[int]) -> str | None:
+    """Set ``cluster.coordinator_address``; return where process 0 binds it (None: it runs)."""
+    if cluster._early_coordinator:
+        cluster.coordinator_address = cluster._early_coordinator
+        return cluster._early_coordinator
+    if 0 not in ranks and cluster.coordinator_address:
+        # A process rejoining the running world: same coordinator, nothing to bind.
+        return None
+    p0 = cluster.processes[0]
+    port = cluster.client[p0.engine_id].apply_sync(bootstrap.free_port)
+    host0 = cluster._launcher.coordinator_host(p0.address)
+    cluster.coordinator_address = f"{host0}:{port}"
+    return f"[::]:{port}"
+
+
+def _init_failure(cluster: Cluster, ars: dict, ranks: Sequence[int], deadline_s: float, since):
+    """The error naming what each process did when initialisation failed or timed out."""
+    errors = {r: ar.exception() for r, ar in ars.items() if ar.done() and ar.exception()}
+    lines = []
+    for r in ranks:
+        if r in errors:
+            lines.append(f"process {r} raised {_short_error(errors[r])}")
+        elif ars[r].done():
+            lines.append(f"process {r} initialised")
+        else:
+            why = launcher_failure(cluster, r)
+            lines.append(f"process {r} {why}" if why else f"process {r} did not finish joining")
+    head = (
+        "jax.distributed.initialize failed"
+        if errors
+        else f"jax.distributed.initialize did not complete within {deadline_s:g} s"
+    )
+    lines.extend(security.refusals_since(cluster.refusal_records(), since))
+    return ClusterStartError(head + ":\n" + "\n".join(lines))
+
+
+async def init_jax(cluster: Cluster, deadline_s: float, ranks: Sequence[int] | None = None):
+    """Run ``jax.distributed.initialize`` on ``ranks`` (all) and wait, at most
+    ``deadline_s``, for every one of them; record their devices."""
+    ranks = cluster.ranks if ranks is None else list(ranks)
+    bind = _coordinator(cluster, ranks)
+    ars = {
+        p.rank: cluster.client[p.engine_id].apply_async(
+            bootstrap.initialize,
+            cluster.coordinator_address,
+            cluster.nprocs,
+            p.rank,
+            bind_address=bind,
+            timeout=cluster.init_timeout,
+            heartbeat_timeout=cluster.heartbeat_timeout,
+        )
+        for p in (cluster.processes[r] for r in ranks)
+    }
+    deadline = time.monotonic() + deadline_s
+    started_at = time.time()
+    last = -1
+    first_error_at = None
+    while True:
+        done = [r for r, ar in ars.items() if ar.done()]
+        failed = any(ars[r].exception() is not None for r in done)
+        ok = [r for r in done if ars[r].exception() is None]
+        if len(ok) != last:
+            cluster._report("processes initialised", len(ok), len(ranks))
+            last = len(ok)
+        if len(ok) == len(ranks):
+            break
+        if first_error_at is None and (
+            failed or any(launcher_failure(cluster, r) for r in ranks if r not in done)
+        ):
+            first_error_at = time.monotonic()
+        # Once one process has failed the others can only wait for it: give their own
+        # errors a moment to arrive, then report everything at once.
+        now = time.monotonic()
+        if (first_error_at is not None and now - first_error_at > ERROR_GATHER_S) or (
+            now > deadline
+        ):
+            raise _init_failure(cluster, ars, ranks, deadline_s, started_at)
+        await asyncio.sleep(_POLL_S)
+    for r in ranks:
+        result = ars[r].get()
+        p = cluster.processes[r]
+        p.devices = result["local_devices"]
+        p.platform = result["platform"]
+        p.state = "ready"
+
+
+# -- all together ----------------------------------------------------------------------------
+
+
+async def bring_up_engines(cluster: Cluster, deadline: float, exclude: set[str]) -> None:
+    """Wait for the launched engines, identify them, initialise JAX, and make the view."""
+    # On a restart the hub may still list the killed engines for a moment.
+    engine_ids = await wait_registered(cluster, deadline, exclude)
+    infos = await identify(cluster, engine_ids)
+    cluster.processes = [ProcessInfo.from_description(r, infos[r]) for r in cluster.ranks]
+    await init_jax(cluster, cluster.init_timeout + 5)
+    make_view(cluster)
+
+
+async def bring_up_rank(cluster: Cluster, rank: int, exclude: set[str]) -> None:
+    """Wait for one relaunched rank to register, identify it, and let it join the world."""
+    (eid,) = await wait_registered(
+        cluster, time.monotonic() + cluster.register_timeout, exclude, n=1
+    )
+    info = (await identify(cluster, [eid], expected=[rank]))[rank]
+    cluster.processes[rank] = ProcessInfo.from_description(rank, info)
+    await init_jax(cluster, cluster.init_timeout + 5, ranks=[rank])
+    make_view(cluster)
+
+
+def make_view(cluster: Cluster) -> None:
+    """A blocking view over every rank's engine, in rank order."""
+    cluster.view = cluster.client[[p.engine_id for p in cluster.processes]]
+    cluster.view.block = True

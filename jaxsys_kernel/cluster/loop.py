@@ -1,0 +1,180 @@
+"""Async-first objects: coroutines that run on a private event-loop thread, with generated
+blocking twins, and progress reported on the thread that asked.
+
+The loop thread lives as long as its object. Everything that launches processes runs there,
+because the parent-death signal of an engine fires when the *thread* that launched it exits
+(see ``profile.py``). Progress events are queued by that thread and rendered by the caller,
+so a progress bar lands in the notebook cell that asked for the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import queue
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .records import ClusterError, ProgressEvent
+
+LOOP_START_TIMEOUT = 10.0
+# How often a waiting caller renders the progress queued meanwhile.
+_PROGRESS_PERIOD = 0.05
+# After an interrupt, how long the coroutine gets to clean up what it started.
+_CANCEL_GRACE = 10.0
+
+
+class AsyncFirst:
+    """Base for classes whose public coroutines run on a private event-loop thread.
+
+    For every public coroutine ``name`` of a subclass, ``__init_subclass__`` makes the
+    coroutine run on the object's loop thread (the caller's own loop only waits for it and
+    renders progress) and adds ``name_sync``, its blocking twin, unless the subclass writes
+    that twin itself (then the coroutine is left as written).
+
+    Parameters
+    ----------
+    progress : callable, optional
+        Called with each :class:`ProgressEvent`, on the thread that called the method.
+        Defaults to a progress bar on stderr.
+    """
+
+    def __init__(self, progress: Callable[[ProgressEvent], None] | None = None):
+        self._progress_cb = progress
+        self._progress_q: queue.SimpleQueue[ProgressEvent] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, func in list(vars(cls).items()):
+            if name.startswith("_") or not inspect.iscoroutinefunction(func):
+                continue
+            if getattr(func, "_jaxsys_on_loop", False) or f"{name}_sync" in vars(cls):
+                continue
+            setattr(cls, name, _on_loop(func))
+            setattr(cls, f"{name}_sync", _blocking_twin(name, func))
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+
+            def main():
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set)
+                loop.run_forever()
+
+            # Must outlive every engine: the parent-death signal fires when this thread ends.
+            t = threading.Thread(target=main, name="jaxsys-cluster-loop", daemon=True)
+            t.start()
+            if not started.wait(LOOP_START_TIMEOUT):
+                raise ClusterError(
+                    f"the cluster's event loop did not start within {LOOP_START_TIMEOUT:g} s"
+                )
+            self._loop, self._loop_thread = loop, t
+        return self._loop
+
+    def _submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    def _run_sync(self, coro: Coroutine) -> Any:
+        fut = self._submit(coro)
+        try:
+            while True:
+                try:
+                    result = fut.result(timeout=_PROGRESS_PERIOD)
+                except concurrent.futures.TimeoutError:
+                    self._drain_progress()
+                    continue
+                self._drain_progress()
+                return result
+        except KeyboardInterrupt:
+            # Let the coroutine clean up (it kills what it started) before re-raising.
+            fut.cancel()
+            try:
+                fut.result(timeout=_CANCEL_GRACE)
+            except BaseException:  # noqa: BLE001 - the interrupt is what we re-raise
+                pass
+            self._drain_progress()
+            raise
+        finally:
+            finish_progress()
+
+    async def _run_async(self, coro: Coroutine) -> Any:
+        fut = asyncio.wrap_future(self._submit(coro))
+        try:
+            while not fut.done():
+                await asyncio.wait([fut], timeout=_PROGRESS_PERIOD)
+                self._drain_progress()
+            return fut.result()
+        finally:
+            finish_progress()
+
+    # -- progress --------------------------------------------------------------------------
+
+    def _report(self, stage: str, done: int, total: int) -> None:
+        self._progress_q.put(ProgressEvent(stage, done, total))
+
+    def _drain_progress(self) -> None:
+        while True:
+            try:
+                event = self._progress_q.get_nowait()
+            except queue.Empty:
+                return
+            (self._progress_cb or default_progress)(event)
+
+
+def _on_loop(func: Callable[..., Coroutine]) -> Callable[..., Coroutine]:
+    @functools.wraps(func)
+    async def run_on_loop(self: AsyncFirst, *args: Any, **kwargs: Any) -> Any:
+        return await self._run_async(func(self, *args, **kwargs))
+
+    run_on_loop._jaxsys_on_loop = True  # type: ignore[attr-defined]
+    return run_on_loop
+
+
+def _blocking_twin(name: str, func: Callable[..., Coroutine]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def twin(self: AsyncFirst, *args: Any, **kwargs: Any) -> Any:
+        return self._run_sync(func(self, *args, **kwargs))
+
+    twin.__name__ = f"{name}_sync"
+    twin.__qualname__ = f"{func.__qualname__}_sync"
+    twin.__doc__ = f"Blocking twin of :meth:`{name}`."
+    return twin
+
+
+# -- the default progress display: one tqdm line per stage, on stderr ------------------------
+
+_bars: dict[str, Any] = {}
+
+
+def default_progress(event: ProgressEvent) -> None:
+    """Show a progress event as a one-line bar on stderr (one bar per stage)."""
+    from tqdm.std import tqdm
+
+    bar = _bars.get(event.stage)
+    if bar is None:
+        finish_progress()
+        _bars[event.stage] = tqdm(
+            total=event.total,
+            initial=event.done,
+            desc=event.stage,
+            bar_format="{desc} {n}/{total} [{elapsed}]",
+            mininterval=0,
+        )
+    elif bar.n != event.done:
+        bar.n = event.done
+        bar.refresh()
+
+
+def finish_progress() -> None:
+    """Close every open progress bar."""
+    for stage in list(_bars):
+        _bars.pop(stage).close()

@@ -1,0 +1,74 @@
+"""The records and errors a cluster's modules share: what is known of each process, the
+progress of long waits, and what goes wrong."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation failed; the message names the processes involved."""
+
+    def _render_traceback_(self) -> list[str]:
+        # In a notebook the message is the whole story; the driver's frames are noise.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class ClusterStartError(ClusterError):
+    """The cluster could not be brought up; nothing it started is left running."""
+
+
+@dataclass
+class ProcessInfo:
+    """What the kernel knows about one JAX process.
+
+    Attributes
+    ----------
+    rank : int
+        JAX process index (``jax.process_index()``).
+    engine_id : int or None
+        ipyparallel engine id serving this rank; None before registration.
+    pid : int or None
+        Operating-system pid of the engine.
+    host : str
+        Host name the process runs on.
+    devices : list of int
+        Ids of the process's local JAX devices.
+    state : str
+        ``starting``, ``ready``, ``dead`` or ``failed``.
+    """
+
+    rank: int
+    engine_id: int | None = None
+    pid: int | None = None
+    host: str = ""
+    address: str = ""
+    nanny_pid: int | None = None
+    devices: list[int] = field(default_factory=list)
+    platform: str = ""
+    state: str = "starting"
+
+    def to_dict(self) -> dict:
+        """Return the fields as a plain, JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_description(cls, rank: int, info: dict) -> ProcessInfo:
+        """The record of a process from what ``bootstrap.describe_process`` reported."""
+        return cls(
+            rank=rank,
+            engine_id=info["engine_id"],
+            pid=info["pid"],
+            host=info["host"],
+            address=info["address"],
+            nanny_pid=info["nanny_pid"],
+        )
+
+
+@dataclass
+class ProgressEvent:
+    """One step of a long wait: ``done`` of ``total`` for a named stage."""
+
+    stage: str
+    done: int
+    total: int

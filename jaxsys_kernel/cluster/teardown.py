@@ -1,0 +1,246 @@
+"""Taking a cluster down: the census of what it started, SIGKILL for all of it, the hub told
+of engines that are gone, and a last sweep at interpreter exit.
+
+A polite stop is pointless: after ``jax.distributed.initialize`` engines swallow SIGTERM,
+and ipyparallel's own stop then waits 5 s, while jupyter_client kills a kernel 2.5 s after
+``shutdown_request``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import signal
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from .. import _compat
+from .profile import controller_file, remove_profile
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+# After a kill, how long teardown waits for the local processes to be gone.
+KILL_WAIT_S = 3.0
+# How long the hub gets to drop unregistered engines from its list.
+UNREGISTER_WAIT_S = 5.0
+
+
+# -- processes on this machine -----------------------------------------------------------
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a local process exists and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - psutil races with the exit; alive is the safe answer
+        return True
+
+
+def killpg_all(pids: Sequence[int]) -> None:
+    """SIGKILL each pid's process group, or the process alone if it leads none."""
+    # Each launcher starts its process in a new session, so the pid is also the group id;
+    # killing the group takes the controller's scheduler subprocesses with it.
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            # Not a group leader (e.g. a pid reported by the engine itself).
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def wait_gone(pids: Sequence[int], timeout: float) -> None:
+    """Wait, at most ``timeout`` seconds, until none of ``pids`` runs (zombies count as gone)."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    deadline = time.monotonic() + timeout
+    while procs and time.monotonic() < deadline:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        procs = alive
+        if procs:
+            time.sleep(0.02)
+
+
+# -- ipyparallel's launchers ---------------------------------------------------------------
+
+
+def sub_launchers(es) -> list:
+    """The per-process launchers of an engine set (or the launcher itself)."""
+    subs = getattr(es, "launchers", None)
+    return list(subs.values()) if subs else [es]
+
+
+def launcher_pids(es) -> list[int]:
+    """The pids an engine set's launchers report (-1 for a process that never started)."""
+    pids = (getattr(sub, "pid", None) for sub in sub_launchers(es))
+    return [pid for pid in pids if isinstance(pid, int) and pid > 1]
+
+
+def disown_output(launchers: Iterable) -> None:
+    """Make launchers leave their output files alone when their process stops.
+
+    A launcher whose process exits reads its log file and then deletes it, on the loop
+    thread, some time after the exit. At teardown the profile directory holding those files
+    is removed at the same moment, so the launcher's own removal could fail and log an
+    error. Nobody reads that output after a teardown, and the directory goes as a whole.
+    """
+    for launcher in launchers:
+        _compat.forget_launcher_output(launcher)
+        launcher.output_file = ""
+
+
+def census(cluster: Cluster) -> list[int]:
+    """Every pid on this machine the cluster may have started: launchers, engines, nannies."""
+    pids: set[int] = set()
+    ipp, launcher = cluster._ipp, cluster._launcher
+    if ipp is not None:
+        ctl = ipp.controller
+        if ctl is not None and getattr(ctl, "pid", None):
+            pids.add(ctl.pid)
+        if launcher.launcher_pids_here:
+            for es in list(ipp.engines.values()):
+                pids.update(launcher_pids(es))
+    if launcher.engine_pids_here:
+        for p in cluster.processes:
+            pids.update(pid for pid in (p.pid, p.nanny_pid) if pid)
+    # Launchers report -1 for a process that never started.
+    return sorted(pid for pid in pids if isinstance(pid, int) and pid > 1)
+
+
+# -- teardown ------------------------------------------------------------------------------
+
+
+def kill(cluster: Cluster) -> float:
+    """Tear the cluster down at once (see :meth:`Cluster.kill`); returns the seconds taken."""
+    t0 = time.perf_counter()
+    cluster._rotation.stop()
+    ipp, launcher = cluster._ipp, cluster._launcher
+    engine_sets = list(ipp.engines.values()) if ipp is not None else []
+    if ipp is not None:
+        subs = [sub for es in engine_sets for sub in sub_launchers(es)]
+        disown_output([*subs, *([ipp.controller] if ipp.controller is not None else [])])
+    pids = census(cluster)
+    client, cluster.client, cluster.view = cluster.client, None, None
+    if client is not None:
+        try:
+            client.close(linger=0)
+        except Exception:  # noqa: BLE001 - the client may already be half-closed
+            pass
+    killpg_all(pids)
+    if ipp is not None:
+        launcher.kill_remote(engine_sets)
+        # Forget the launchers so ipyparallel does not try a slow stop later.
+        ipp.engines = {}
+        ipp.controller = None
+        launcher.ipp = None
+    wait_gone(pids, timeout=KILL_WAIT_S)
+    if cluster._profile is not None:
+        remove_profile(cluster._profile)
+        cluster._profile = None
+    for p in cluster.processes:
+        p.state = "dead"
+    cluster.pki = None
+    if cluster.telemetry is not None:
+        cluster.telemetry.close()
+        cluster.telemetry = None
+    cluster.state = "stopped"
+    return time.perf_counter() - t0
+
+
+async def kill_world(cluster: Cluster) -> None:
+    """For a world restart: kill every engine, keep the controller, and free the engine ids."""
+    launcher, ipp = cluster._launcher, cluster._ipp
+    old_sets = set(launcher.engine_sets.values())
+    old_launchers = [es for es in (launcher.engine_set(r) for r in cluster.ranks) if es]
+    old_ids = {p.engine_id for p in cluster.processes}
+    await asyncio.to_thread(launcher.kill_engines, old_launchers)
+    if cluster.telemetry is not None:
+        cluster.telemetry.reset()
+    for set_id in old_sets:
+        ipp.engines.pop(set_id, None)
+    # Without this the hub frees the ids only after missed heartbeats, seconds later.
+    await unregister(cluster, old_ids)
+
+
+async def unregister(cluster: Cluster, engine_ids: set[int]) -> None:
+    """Tell the hub that these engines are gone, as a nanny would, and wait (bounded) until
+    it has dropped them, so their ids are free for new processes."""
+    client = cluster.client
+    send_unregistration(cluster, set(engine_ids) & set(client.ids))
+    deadline = time.monotonic() + UNREGISTER_WAIT_S
+    while engine_ids & set(client.ids) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def send_unregistration(cluster: Cluster, engine_ids: set[int]) -> None:
+    """Send the hub an ``unregistration_request`` for each engine, over its registration
+    socket (with CurveZMQ when the controller uses it)."""
+    import zmq
+    from ipyparallel import util
+
+    ipp = cluster._ipp
+    if not engine_ids or ipp is None:
+        return
+    try:
+        info = json.loads(controller_file(ipp.profile_dir, ipp.cluster_id, "engine").read_text())
+    except (OSError, ValueError):
+        return
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 1000
+    try:
+        serverkey = info.get("curve_serverkey")
+        util.connect(
+            sock,
+            f"{info['interface']}:{info['registration']}",
+            curve_serverkey=serverkey.encode("ascii") if serverkey else None,
+        )
+        for eid in sorted(engine_ids):
+            cluster.client.session.send(sock, "unregistration_request", content={"id": eid})
+    finally:
+        sock.close()
+
+
+# -- clean-up at exit ----------------------------------------------------------------------
+
+_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+def track(cluster: Cluster) -> None:
+    """Kill ``cluster`` at interpreter exit if it is still up then."""
+    _live_clusters.add(cluster)
+
+
+@atexit.register
+def _kill_all_at_exit() -> None:
+    for cluster in list(_live_clusters):
+        if cluster.state != "stopped":
+            cluster.kill()
