@@ -25,11 +25,13 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check jaxsys_kernel tests bench
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxsys_kernel tests bench
 	$(VENV)/bin/ruff format --check jaxsys_kernel tests bench
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) bench/dispatch.py
