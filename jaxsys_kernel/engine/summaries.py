@@ -58,29 +58,17 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..telemetry.schema import SCHEMA_VERSION
+from .meshutil import flatten, format_spec
 
 #: Holders kept per block once blocks are merged; the rest is counted in ``n_holders``.
 MAX_HOLDERS = 8
 
 
 # ---------------------------------------------------------------------------- meshes
-
-
-def _flatten(devices: Any) -> list:
-    """Devices of a mesh in row-major order, from an ndarray or nested lists."""
-    if hasattr(devices, "flat"):
-        return list(devices.flat)
-    if isinstance(devices, list | tuple):
-        out: list = []
-        for d in devices:
-            out.extend(_flatten(d))
-        return out
-    return [devices]
 
 
 def _opt_ints(value: Any) -> list[int] | None:
@@ -108,7 +96,7 @@ def mesh_info(mesh: Any) -> dict:
     """
     names = [str(n) for n in mesh.axis_names]
     sizes = [int(mesh.shape[n]) for n in names]
-    devs = _flatten(mesh.devices)
+    devs = flatten(mesh.devices)
     if len(devs) != math.prod(sizes):
         raise ValueError(f"mesh shape {sizes} needs {math.prod(sizes)} devices, got {len(devs)}")
     coords = [_opt_ints(getattr(d, "coords", None)) for d in devs]
@@ -172,14 +160,8 @@ def _spec_of(sharding: Any, ndim: int) -> tuple[list | str, str]:
     entries = [_spec_entry(e) for e in spec]
     entries += [None] * (ndim - len(entries))
     # A real PartitionSpec prints as P(...); give plain tuples (FakeNamedSharding) the same look.
-    text = str(spec) if not isinstance(spec, tuple) else _format_spec(spec)
+    text = str(spec) if not isinstance(spec, tuple) else format_spec(spec)
     return entries, text
-
-
-def _format_spec(spec: Sequence[Any]) -> str:
-    parts = [repr(tuple(e)) if isinstance(e, list | tuple) else repr(e) for e in spec]
-    # Same text as PartitionSpec: a one-entry spec keeps its tuple comma, "P('x',)".
-    return f"P({', '.join(parts)}{',' if len(parts) == 1 else ''})"
 
 
 def _mesh_of(sharding: Any) -> dict | None:
@@ -257,15 +239,15 @@ def _summarise(
     """Group ``(device, process, ranges)`` entries into blocks, merging them if too many."""
     ndim = len(shape)
     groups: dict[tuple, list[list[int]]] = {}
-    dev_col, proc_col, key_col, replica_col = [], [], [], []
+    columns: dict[str, list] = {"device": [], "process": [], "key": [], "replica": []}
     for dev, proc, rng in entries:
         holders = groups.setdefault(rng, [])
         # Replica id: how many devices already hold these exact ranges, in device order.
-        replica_col.append(len(holders))
+        columns["replica"].append(len(holders))
         holders.append([dev, proc])
-        dev_col.append(dev)
-        proc_col.append(proc)
-        key_col.append(rng)
+        columns["device"].append(dev)
+        columns["process"].append(proc)
+        columns["key"].append(rng)
 
     edges = [sorted({b for rng in groups for b in rng[d]}) for d in range(ndim)]
     # A zero-length dim has one boundary; give it one empty cell so the grid is never empty.
@@ -277,44 +259,53 @@ def _summarise(
 
     first = next(iter(groups), tuple((0, n) for n in shape))
     common = {
-        "num_devices": len(dev_col),
-        "processes": sorted(set(proc_col)),
+        "num_devices": len(columns["device"]),
+        "processes": sorted(set(columns["process"])),
         "shard_shape": [b - a for a, b in first],
         "replicas": max((len(h) for h in groups.values()), default=0),
         "num_blocks": len(groups),
         "tiles": tiles,
     }
-
     if len(groups) <= max_blocks:
-        order = sorted(groups, key=cell_of)
-        number = {rng: i for i, rng in enumerate(order)}
-        blocks = [
-            {
-                "index": [list(r) for r in rng],
-                "cell": list(cell_of(rng)),
-                "holders": groups[rng],
-                "n_holders": len(groups[rng]),
-                "replicas": len(groups[rng]),
-                "addressable_by": sorted({p for _, p in groups[rng]}),
-                "merged": 1,
-            }
-            for rng in order
-        ]
-        return {
-            **common,
-            "edges": edges,
-            "grid": [len(e) - 1 for e in edges],
-            "aggregated": False,
-            "factor": [1] * ndim,
-            "blocks": blocks,
-            "shards": {
-                "device": dev_col,
-                "process": proc_col,
-                "block": [number[k] for k in key_col],
-                "replica": replica_col,
-            },
-        }
+        return {**common, **_exact_blocks(groups, columns, edges, cell_of)}
+    return {**common, **_merged_blocks(groups, edges, tiles, cell_of, max_blocks)}
 
+
+def _exact_blocks(groups: dict, columns: dict, edges: list, cell_of: Callable) -> dict:
+    """One block per distinct shard, and every device in ``shards``."""
+    order = sorted(groups, key=cell_of)
+    number = {rng: i for i, rng in enumerate(order)}
+    blocks = [
+        {
+            "index": [list(r) for r in rng],
+            "cell": list(cell_of(rng)),
+            "holders": groups[rng],
+            "n_holders": len(groups[rng]),
+            "replicas": len(groups[rng]),
+            "addressable_by": sorted({p for _, p in groups[rng]}),
+            "merged": 1,
+        }
+        for rng in order
+    ]
+    return {
+        "edges": edges,
+        "grid": [len(e) - 1 for e in edges],
+        "aggregated": False,
+        "factor": [1] * len(edges),
+        "blocks": blocks,
+        "shards": {
+            "device": columns["device"],
+            "process": columns["process"],
+            "block": [number[k] for k in columns["key"]],
+            "replica": columns["replica"],
+        },
+    }
+
+
+def _merged_blocks(
+    groups: dict, edges: list, tiles: list[int], cell_of: Callable, max_blocks: int
+) -> dict:
+    """Neighbouring shards merged along the grid until at most ``max_blocks`` remain."""
     factor = _merge_factors(tiles, max_blocks)
     merged: dict[tuple[int, ...], dict] = {}
     for rng, holders in groups.items():
@@ -331,7 +322,7 @@ def _summarise(
                 "merged": 1,
             }
             continue
-        for d in range(ndim):
+        for d in range(len(edges)):
             m["index"][d][0] = min(m["index"][d][0], rng[d][0])
             m["index"][d][1] = max(m["index"][d][1], rng[d][1])
         room = MAX_HOLDERS - len(m["holders"])
@@ -349,7 +340,6 @@ def _summarise(
         for e, f in zip(edges, factor, strict=True)
     ]
     return {
-        **common,
         "edges": new_edges,
         "grid": [len(e) - 1 for e in new_edges],
         "aggregated": True,
@@ -377,247 +367,24 @@ def _merge_factors(tiles: Sequence[int], max_blocks: int) -> list[int]:
     return factor
 
 
-# ---------------------------------------------------------------------------- simulation
+# The simulation lives in its own module; its names stay importable from here.
+from .simulate import (  # noqa: E402
+    FakeDevice,
+    FakeMesh,
+    FakeNamedSharding,
+    block_layout,
+    fake_devices,
+    fake_mesh,
+)
 
-
-@dataclass(frozen=True)
-class FakeDevice:
-    """A stand-in for a JAX device: only the attributes the summaries read.
-
-    Attributes
-    ----------
-    id : int
-        Global device id.
-    process_index : int
-        The JAX process that owns the device.
-    coords : tuple of int, optional
-        Physical coordinates, as TPU devices have.
-    slice_index : int, optional
-        The slice of a multi-slice (hybrid) system.
-    """
-
-    id: int
-    process_index: int
-    coords: tuple[int, ...] | None = None
-    slice_index: int | None = None
-    platform: str = "fake"
-    device_kind: str = "simulated"
-
-
-def fake_devices(
-    n_devices: int,
-    devices_per_process: int = 1,
-    *,
-    devices_per_slice: int | None = None,
-    coords_shape: Sequence[int] | None = None,
-) -> list[FakeDevice]:
-    """Simulated devices, numbered like JAX does: process ``i`` owns a contiguous id range.
-
-    Parameters
-    ----------
-    n_devices : int
-        How many devices.
-    devices_per_process : int, optional
-        Devices per process: device ``d`` belongs to process ``d // devices_per_process``.
-    devices_per_slice : int, optional
-        If given, device ``d`` gets ``slice_index = d // devices_per_slice``.
-    coords_shape : sequence of int, optional
-        If given, device ``d`` gets the coordinates of ``d`` unravelled in this shape
-        (row-major within its slice).
-
-    Returns
-    -------
-    list of FakeDevice
-    """
-    if n_devices < 0 or devices_per_process < 1:
-        raise ValueError("need n_devices >= 0 and devices_per_process >= 1")
-    out = []
-    for d in range(n_devices):
-        local = d % devices_per_slice if devices_per_slice else d
-        coords = None
-        if coords_shape is not None:
-            rest, c = local, []
-            for size in reversed(coords_shape):
-                rest, r = divmod(rest, size)
-                c.append(r)
-            coords = tuple(reversed(c))
-        out.append(
-            FakeDevice(
-                id=d,
-                process_index=d // devices_per_process,
-                coords=coords,
-                slice_index=d // devices_per_slice if devices_per_slice else None,
-            )
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class FakeMesh:
-    """A stand-in for ``jax.sharding.Mesh`` with the attributes the summaries read.
-
-    Attributes
-    ----------
-    devices : list
-        Device descriptors, nested ``len(axis_names)`` deep.
-    axis_names : tuple of str
-        One name per mesh axis.
-    """
-
-    devices: list
-    axis_names: tuple[str, ...]
-
-    @property
-    def shape(self) -> dict[str, int]:
-        """Axis name to size, like ``Mesh.shape``."""
-        sizes, level = [], self.devices
-        for _ in self.axis_names:
-            sizes.append(len(level))
-            level = level[0] if level else []
-        return dict(zip(self.axis_names, sizes, strict=True))
-
-
-def fake_mesh(devices: Sequence[Any], mesh_shape: Sequence[int], axis_names: Sequence[str]):
-    """Arrange devices (in order) into a :class:`FakeMesh` of the given shape.
-
-    Parameters
-    ----------
-    devices : sequence
-        Device descriptors, e.g. from :func:`fake_devices`; exactly ``prod(mesh_shape)``.
-    mesh_shape : sequence of int
-        Size of each mesh axis.
-    axis_names : sequence of str
-        Name of each mesh axis.
-    """
-    mesh_shape = [int(s) for s in mesh_shape]
-    if len(mesh_shape) != len(axis_names):
-        raise ValueError(f"{len(mesh_shape)} axis sizes but {len(axis_names)} axis names")
-    if len(devices) != math.prod(mesh_shape):
-        raise ValueError(f"mesh shape {mesh_shape} needs {math.prod(mesh_shape)} devices")
-
-    def nest(flat: list, sizes: list[int]) -> list:
-        if len(sizes) <= 1:
-            return list(flat)
-        step = math.prod(sizes[1:])
-        return [nest(flat[i : i + step], sizes[1:]) for i in range(0, len(flat), step)]
-
-    return FakeMesh(nest(list(devices), mesh_shape), tuple(str(a) for a in axis_names))
-
-
-def _spec_axes(entry: Any) -> list[str]:
-    if entry is None:
-        return []
-    if isinstance(entry, str):
-        return [entry]
-    return [str(a) for a in entry]
-
-
-def block_layout(
-    shape: Sequence[int],
-    spec_axes: Sequence[Any],
-    mesh_shape: Sequence[int],
-    mesh_axis_names: Sequence[str],
-    device_ids: Sequence[int],
-    process_of: Callable[[int], int] | Mapping[int, int] | Sequence[int],
-) -> list[dict]:
-    """Compute, without JAX, the shards a ``NamedSharding`` gives each device.
-
-    Each array dim named by the spec is split evenly over the product of its mesh axes (the
-    first axis of a tuple varies slowest); mesh axes the spec does not use replicate.
-
-    Parameters
-    ----------
-    shape : sequence of int
-        Global array shape.
-    spec_axes : sequence
-        PartitionSpec entries: ``None``, an axis name, or a tuple of axis names; missing
-        trailing entries mean ``None``.
-    mesh_shape, mesh_axis_names : sequence
-        The mesh's axis sizes and names.
-    device_ids : sequence of int
-        Device ids in mesh order (row-major).
-    process_of : callable, mapping or sequence
-        Device id to process index.
-
-    Returns
-    -------
-    list of dict
-        In mesh order: ``{"device": id, "process": p, "index": [[start, stop], ...]}``.
-
-    Raises
-    ------
-    ValueError
-        For an unknown or repeated mesh axis, a spec longer than the shape, or a dim that
-        does not divide evenly.
-    """
-    shape = [int(n) for n in shape]
-    names = [str(a) for a in mesh_axis_names]
-    sizes = dict(zip(names, (int(s) for s in mesh_shape), strict=True))
-    if len(spec_axes) > len(shape):
-        raise ValueError(f"spec has {len(spec_axes)} entries for a {len(shape)}-d array")
-    per_dim = [_spec_axes(e) for e in spec_axes] + [[]] * (len(shape) - len(spec_axes))
-    used = [a for axes in per_dim for a in axes]
-    for a in used:
-        if a not in sizes:
-            raise ValueError(f"mesh has no axis {a!r} (axes: {names})")
-    if len(set(used)) != len(used):
-        raise ValueError(f"a mesh axis is used twice in the spec {list(spec_axes)}")
-    chunks = []
-    for dim, axes in enumerate(per_dim):
-        parts = math.prod(sizes[a] for a in axes)
-        if shape[dim] % parts:
-            raise ValueError(
-                f"dim {dim} of size {shape[dim]} does not split evenly into {parts} parts"
-            )
-        chunks.append(shape[dim] // parts)
-    if len(device_ids) != math.prod(sizes.values()):
-        raise ValueError(f"mesh shape {list(mesh_shape)} needs {math.prod(sizes.values())} ids")
-    lookup = process_of if callable(process_of) else process_of.__getitem__
-
-    out = []
-    for flat, dev in enumerate(device_ids):
-        # Mesh coordinate of this position, row-major.
-        coord, rest = {}, flat
-        for name in reversed(names):
-            rest, coord[name] = divmod(rest, sizes[name])
-        index = []
-        for dim, axes in enumerate(per_dim):
-            tile = 0
-            for a in axes:
-                tile = tile * sizes[a] + coord[a]
-            index.append([tile * chunks[dim], (tile + 1) * chunks[dim]])
-        out.append({"device": int(dev), "process": int(lookup(int(dev))), "index": index})
-    return out
-
-
-class FakeNamedSharding:
-    """A stand-in for ``NamedSharding`` over a :class:`FakeMesh`, built on :func:`block_layout`.
-
-    Parameters
-    ----------
-    mesh : FakeMesh
-        The device mesh.
-    spec : sequence
-        PartitionSpec entries (``None``, an axis name or a tuple of names).
-    """
-
-    def __init__(self, mesh: FakeMesh, spec: Iterable[Any]):
-        self.mesh = mesh
-        self.spec = tuple(spec)
-
-    def devices_indices_map(self, shape: Sequence[int]) -> dict[Any, tuple[slice, ...]]:
-        """Device to its index (a tuple of slices), in mesh order, like JAX's method."""
-        devs = _flatten(self.mesh.devices)
-        by_id = {d.id: d for d in devs}
-        layout = block_layout(
-            shape,
-            self.spec,
-            list(self.mesh.shape.values()),
-            self.mesh.axis_names,
-            [d.id for d in devs],
-            lambda i: by_id[i].process_index,
-        )
-        return {by_id[e["device"]]: tuple(slice(a, b) for a, b in e["index"]) for e in layout}
-
-    def __repr__(self) -> str:
-        return f"FakeNamedSharding({_format_spec(self.spec)})"
+__all__ = [
+    "MAX_HOLDERS",
+    "FakeDevice",
+    "FakeMesh",
+    "FakeNamedSharding",
+    "block_layout",
+    "fake_devices",
+    "fake_mesh",
+    "mesh_info",
+    "sharding_info",
+]
