@@ -6,11 +6,13 @@ Every message the tests receive is validated against the protocol schema (harnes
 from __future__ import annotations
 
 import datetime
+import queue
 import re
 import threading
 import time
 
 import pytest
+from jupyter_kernel_test.msgspec_v5 import schema_fragments, validate_message
 
 from .harness import tls_knock
 
@@ -232,16 +234,24 @@ def _coordinator(kernel) -> str:
     ).stdout.strip()
 
 
+def _notices_until(kernel, notices: str, done, timeout: float = 30.0) -> str:
+    """Run empty cells until the notices printed after them satisfy ``done`` (or time out).
+
+    Notices come from a post-cell hook, once what they report has reached the kernel.
+    """
+    deadline = time.monotonic() + timeout
+    while not done(notices) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        notices += kernel.ok("pass").stderr
+    return notices
+
+
 def test_the_kernel_reports_who_was_refused(kernel):
     # The refusal travels from process 0 as telemetry and is reported once, after the
     # first cell that ends once it has arrived: this one, or a later one.
     address = _coordinator(kernel)
     notices = kernel.execute("pass", on_start=lambda: tls_knock(address)).stderr
-    for _ in range(50):
-        if notices:
-            break
-        time.sleep(0.1)
-        notices += kernel.ok("pass").stderr
+    notices = _notices_until(kernel, notices, lambda text: text != "")
     assert re.fullmatch(
         r"jaxsys: the coordination service refused 1 connection\(s\) from 127\.0\.0\.1: "
         r"it presented no certificate\. The cluster is unaffected; %jaxsys security lists "
@@ -277,11 +287,9 @@ def test_rotate_certs_magic(kernel):
     assert "still presents the old one" in kernel.ok("%jaxsys status").stdout
     # Restarted processes load the new files at once; the kernel notices and says so, once.
     notices = kernel.ok("%jaxsys restart", timeout=120).stderr
-    for _ in range(50):
-        if "now presents the rotated certificate" in notices:
-            break
-        time.sleep(0.1)
-        notices += kernel.ok("pass").stderr
+    notices = _notices_until(
+        kernel, notices, lambda text: "now presents the rotated certificate" in text
+    )
     assert re.search(
         r"jaxsys: the coordination service now presents the rotated certificate "
         r"\(serial 0x[0-9a-f]+\), \d+\.\d s after rotate-certs\.",
@@ -359,18 +367,73 @@ def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
     assert [True, True] in busy
 
 
-def test_dashboard_log_shows_a_refusal_while_a_cell_runs(kernel):
+def _event_log(msg) -> list[str]:
+    if msg["msg_type"] != "comm_msg":
+        return []
+    return msg["content"]["data"].get("state", {}).get("event_log", [])
+
+
+def _iopub_until(kernel, msg_id: str, done, timeout: float, seen: list[dict]) -> dict:
+    """Collect the iopub messages of request ``msg_id`` into ``seen`` until ``done(msg)``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=max(0.01, remaining))
+        except queue.Empty:
+            msg = None
+        if msg is None or remaining <= 0:
+            types = [m["msg_type"] for m in seen]
+            raise AssertionError(f"waited {timeout} s in vain; the request's messages: {types}")
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in schema_fragments:
+            validate_message(msg, msg["msg_type"], msg_id)
+        seen.append(msg)
+        if done(msg):
+            return msg
+
+
+def test_dashboard_log_shows_a_refusal_while_a_cell_runs(kernel, tmp_path):
+    # The dashboard is updated from the telemetry thread, and ipykernel stamps those comm
+    # messages with the parent of the request the kernel last started. Knocking as soon
+    # as the request was sent raced with the kernel starting the cell: a refusal that
+    # arrived first was logged under the previous cell's header. So the knock waits for
+    # the cell's busy status, and the cell runs until the test has seen the log entry.
     address = _coordinator(kernel)
     kernel.ok("%jaxsys dashboard")
-    out = kernel.execute("import time\ntime.sleep(2)", on_start=lambda: tls_knock(address))
-    assert out.status == "ok"
-    logs = [
-        line
-        for m in out.messages
-        if m["msg_type"] == "comm_msg"
-        for line in m["content"]["data"].get("state", {}).get("event_log", [])
-    ]
-    assert any(
-        re.search(r"refused 1 connection\(s\) from 127\.0\.0\.1: it presented no certificate$", s)
-        for s in logs
-    ), logs
+    release = tmp_path / "release"
+    msg_id = kernel.kc.execute(
+        "import os, time\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+    )
+    seen: list[dict] = []
+    _iopub_until(
+        kernel,
+        msg_id,
+        lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "busy",
+        30,
+        seen,
+    )
+    tls_knock(address)
+    refusal = re.compile(
+        r"refused 1 connection\(s\) from 127\.0\.0\.1: it presented no certificate$"
+    )
+    try:
+        _iopub_until(kernel, msg_id, lambda m: any(map(refusal.search, _event_log(m))), 30, seen)
+    finally:
+        release.touch()
+    # The entry came while the cell was still running: no idle status before it.
+    assert not any(
+        m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in seen
+    )
+    _iopub_until(
+        kernel,
+        msg_id,
+        lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle",
+        30,
+        seen,
+    )
+    assert kernel._shell_reply(msg_id)["content"]["status"] == "ok"
