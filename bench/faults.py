@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jaxsys_kernel import Cluster  # noqa: E402
-from jaxsys_kernel.magics import executor  # noqa: E402
+from jaxsys_kernel import cells as executor  # noqa: E402
 from jaxsys_kernel.magics.session import MultihostSession  # noqa: E402
 
 HOSTS = 4

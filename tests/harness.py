@@ -13,7 +13,7 @@ import psutil
 from jupyter_client.manager import KernelManager
 from jupyter_kernel_test.msgspec_v5 import schema_fragments, validate_message
 
-from jaxsys_kernel.magics import executor
+from jaxsys_kernel import cells as executor
 
 # Every process a test starts inherits this tag, so the census finds exactly ours.
 TAG_VAR = "JAXSYS_TEST_RUN"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jaxsys_kernel import Cluster
-from jaxsys_kernel.magics import executor
+from jaxsys_kernel import cells as executor
 
 
 def _jax_facts():

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from jaxsys_kernel import Cluster
-from jaxsys_kernel.magics import executor
+from jaxsys_kernel import cells as executor
 
 
 class Quiet(executor.Sink):

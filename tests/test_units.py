@@ -157,7 +157,7 @@ def test_drop_pattern_discards_noise():
 
 
 def test_interleaved_noise_leaves_no_empty_line():
-    from jaxsys_kernel.magics.executor import NATIVE_NOISE
+    from jaxsys_kernel.cells import NATIVE_NOISE
 
     out: list[str] = []
     c = LineCollator([0], out.append, drop=NATIVE_NOISE)
@@ -194,7 +194,7 @@ def test_stale_profiles_are_removed(tmp_path):
 
 
 def test_gloo_chatter_is_dropped_even_when_split():
-    from jaxsys_kernel.magics.executor import NATIVE_NOISE
+    from jaxsys_kernel.cells import NATIVE_NOISE
 
     assert NATIVE_NOISE.match(
         "[Gloo] Rank 1 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7"

@@ -6,7 +6,6 @@ Every magic is a thin parser over a method here, so tests can call the methods d
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -14,13 +13,14 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from .. import _compat, cells, contract
 from .._ranges import format_procs, parse_procs
-from ..cluster import Cluster
-from . import executor
+from ..cells import guard, hang
+from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 
-ENV_HOSTS = "JAXSYS_HOSTS"
-ENV_DEVICES = "JAXSYS_DEVICES_PER_HOST"
-ENV_LAUNCHER = "JAXSYS_LAUNCHER"
+# The SPMD routing lives with the cell path; its names stay importable from here.
+__all__ = ["LOCAL_PREFIXES", "MultihostSession", "is_local_cell", "make_spmd_transformer"]
+from ..cluster import Cluster
 
 
 def _duration(seconds: float) -> str:
@@ -68,9 +68,9 @@ class MultihostSession:
         self.broken: str | None = None
         # Processes still busy with a cell that ended without them.
         self.still_running: set[int] = set()
-        # Per process, the hashes of the cells it was asked to run since the last cell that
-        # ran everywhere: the same-program guard compares them.
-        self.ledger: dict[int, list[str]] = {}
+        # Per process, the cells it was asked to run since the last cell that ran
+        # everywhere: the same-program guard compares them.
+        self.ledger = guard.Ledger()
         self.last_summaries: dict[str, dict] = {}
         self.dashboard = None
         self._unsubscribe = None
@@ -86,9 +86,9 @@ class MultihostSession:
     def defaults(self) -> dict:
         """Cluster options from the environment (set in the kernelspec)."""
         return {
-            "hosts": _env_int(ENV_HOSTS, 4),
-            "devices_per_host": _env_int(ENV_DEVICES, 2),
-            "launcher": os.environ.get(ENV_LAUNCHER, "local"),
+            "hosts": _env_int(contract.HOSTS, 4),
+            "devices_per_host": _env_int(contract.DEVICES_PER_HOST, 2),
+            "launcher": os.environ.get(contract.LAUNCHER, "local"),
         }
 
     def start(
@@ -161,7 +161,7 @@ class MultihostSession:
         took = cluster.restart_sync()
         self.broken = None
         self.still_running = set()
-        self.ledger = {}
+        self.ledger.reset()
         return took
 
     def kill_process(self, rank: int, signal_name: str = "KILL") -> float:
@@ -256,15 +256,15 @@ class MultihostSession:
         if subshell is None:
             return
         view.on_control(lambda action, rank: self.control(view, action, rank))
-        # ipykernel routes a comm's incoming messages by this hook; pinning it keeps the
-        # clicks on the subshell even though updates are published from other threads.
-        view.comm._reply_subshell_for = lambda data, default: subshell
+        # Pinning the comm keeps the clicks on the subshell even though updates are
+        # published from other threads.
+        _compat.route_comm_to_subshell(view.comm, subshell)
 
     def control(self, view, action: str, rank: int | None) -> None:
         """Carry out a control button's action (runs on the control subshell)."""
         import signal
 
-        from . import doctor
+        from ..cells import report
 
         cluster = self.cluster
         stamp = time.strftime("%H:%M:%S")
@@ -282,11 +282,9 @@ class MultihostSession:
                 say("stop: interrupting the running cell")
             elif action == "stacks":
                 ranks = cluster.ranks if rank is None else [int(rank)]
-                stacks = doctor.dump_stacks(cluster, ranks)
+                stacks = cluster.dump_stacks(ranks)
                 for r in ranks:
-                    frames = doctor.annotate(doctor.main_stack(stacks.get(r, "")))
-                    innermost = frames[0].strip() if frames else "(no stack)"
-                    view.update(append=[f"{stamp} p{r} {innermost}"])
+                    view.update(append=[f"{stamp} p{r} {report.innermost(stacks.get(r, ''))}"])
                 say(f"stacks of {format_procs(ranks)}: innermost frames in the log")
             elif action == "kill" and rank is not None:
                 took = cluster.kill_process(int(rank))
@@ -407,7 +405,7 @@ class MultihostSession:
         grace: float | None = None,
         on_hang: str | None = None,
         force: bool = False,
-    ) -> executor.CellResult | None:
+    ) -> cells.CellResult | None:
         """Run a cell on the selected processes; raise if any of them failed.
 
         Returns
@@ -415,107 +413,37 @@ class MultihostSession:
         CellResult or None
             The cell's value, for the kernel to display.
         """
-        import time
-
-        from . import doctor
-
         cluster = self.ensure_cluster()
         ranks = self.parse_procs(procs)
         timeout = self.default_timeout if timeout is None else timeout
         grace = self.default_grace if grace is None else grace
         on_hang = on_hang or self.default_on_hang
-        if timeout is not None and timeout <= 0:
-            raise UsageError(f"--timeout must be positive, got {timeout:g}")
-        if grace <= 0:
-            raise UsageError(f"--grace must be positive, got {grace:g}")
-        if on_hang not in ON_HANG:
-            raise UsageError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {on_hang!r}")
-        cluster.refresh_states()
-        dead = [r for r in ranks if cluster.processes[r].state != "ready"]
-        if dead:
-            live = [r for r in cluster.ranks if cluster.processes[r].state == "ready"]
-            raise UsageError(
-                f"{format_procs(dead)} {'is' if len(dead) == 1 else 'are'} not running; run on "
-                f"the others with --procs {format_procs(live)[1:] if live else '...'}, or bring "
-                f"{'it' if len(dead) == 1 else 'them'} back with %jaxsys restart"
-            )
-        busy = sorted(self.still_running & set(ranks))
-        if busy:
-            raise UsageError(
-                f"the JAX world is out of step: {format_procs(busy)} still "
-                f"{'runs' if len(busy) == 1 else 'run'} an earlier cell that did not stop when "
-                "interrupted (stuck inside JAX; a new cell would only queue behind it): "
-                "run %jaxsys restart"
-            )
+        guard.check_options(timeout, grace, on_hang)
+        guard.check_processes(cluster, ranks, self.still_running)
         if self.broken and not force:
-            raise UsageError(doctor.world_broken_message(self.broken))
-        self._check_same_program(cluster, ranks, code)
-        judged = []
-
-        def mark_broken(ranks: list[int]) -> None:
-            self.broken = (
-                f"{format_procs(ranks)} interrupted inside JAX at {time.strftime('%H:%M:%S')}"
-            )
-
-        def hang(run: executor.CellRun) -> str:
-            stuck = format_procs(run.stuck)
-            stacks = doctor.dump_stacks(cluster, run.stuck)
-            in_jax = doctor.waiting_in_jax(stacks, run.stuck)
-            if run.hang == "divergence" and not (stacks and all(in_jax)):
-                return "wait"  # extra work on some processes, not a stuck collective
-            judged.append(run)
-            if run.hang == "timeout":
-                why = f"the cell passed its timeout of {timeout:g} s; {stuck} still running"
-            elif run.hang == "divergence":
-                done = format_procs(run.by_status("ok"))
-                why = (
-                    f"{done} finished, but {stuck} still wait inside JAX {grace:g} s later: "
-                    "the processes took different paths"
-                )
-            else:
-                failed = format_procs(
-                    [r for r in run.procs if run.results[r].status in ("error", "dead")]
-                )
-                why = f"{failed} failed and {stuck} kept running for {grace:g} s more"
-            print(doctor.report(run, stacks, why), file=sys.stderr)
-            if on_hang == "interrupt":
-                print(f"jaxsys: interrupting {stuck}", file=sys.stderr)
-                if any(in_jax):
-                    mark_broken(run.stuck)
-            elif on_hang == "restart":
-                print("jaxsys: restarting the JAX world", file=sys.stderr)
-            else:
-                print(
-                    "jaxsys: still waiting (--on-hang report); press stop to interrupt",
-                    file=sys.stderr,
-                )
-            return on_hang
-
-        def interrupting(ranks: list[int]) -> None:
-            if judged:
-                return  # the hang doctor has already looked at them
-            stacks = doctor.dump_stacks(cluster, ranks, timeout=1.0)
-            if any(doctor.waiting_in_jax(stacks, ranks)):
-                mark_broken(ranks)
-                print(
-                    f"jaxsys: interrupting {format_procs(ranks)} while they wait inside JAX; "
-                    "the JAX world is now out of step: run %jaxsys restart.",
-                    file=sys.stderr,
-                )
-
-        sink = executor.Sink(on_summary=self._remember_summary)
-        run = executor.execute(
-            cluster,
-            code,
-            ranks,
-            timeout=timeout,
-            collate=collate,
-            all_displays=all_displays,
-            on_interrupt=interrupting,
-            sink=sink,
-            grace=grace,
-            on_hang=hang,
+            raise UsageError(hang.world_broken_message(self.broken))
+        warning = self.ledger.record(ranks, cluster.ranks, code)
+        if warning:
+            print(warning, file=sys.stderr)
+        policy = hang.HangPolicy(
+            on_hang, cluster.dump_stacks, timeout=timeout, grace=grace, code=code
         )
+        sink = cells.Sink(on_summary=self._remember_summary)
+        try:
+            run = cells.execute(
+                cluster,
+                code,
+                ranks,
+                timeout=timeout,
+                collate=collate,
+                all_displays=all_displays,
+                on_interrupt=policy.interrupting,
+                sink=sink,
+                grace=grace,
+                on_hang=policy,
+            )
+        finally:
+            self.broken = policy.broken or self.broken
         if run.hang_action == "restart":
             took = self.restart()
             print(f"jaxsys: JAX world restarted in {took:.1f} s", file=sys.stderr)
@@ -523,42 +451,8 @@ class MultihostSession:
             # Processes that outlived the cell (an interrupt that could not free them) would
             # run the next cell only after this one: remember them.
             self.still_running |= set(run.by_status("running"))
-        executor.raise_for_run(run)
-        return executor.cell_result(run, sink)
-
-    def _check_same_program(self, cluster, ranks: list[int], code: str) -> None:
-        """Warn when processes about to run a cell have not run the same cells before it.
-
-        Every cell is tagged with a hash of its code. A cell run on some processes only
-        (``--procs``) is harmless unless it started something the others must join, e.g. a
-        collective: then the next cell that reaches all of them deadlocks. Saying so before
-        the cell runs names the cause that the hang doctor would otherwise only see.
-        """
-        import hashlib
-
-        tag = hashlib.sha256(code.encode()).hexdigest()[:8]
-        histories = {r: tuple(self.ledger.get(r, ())) for r in ranks}
-        if len(set(histories.values())) > 1:
-            groups: dict[tuple, list[int]] = {}
-            for r, h in histories.items():
-                groups.setdefault(h, []).append(r)
-            parts = [
-                f"{format_procs(rs)} ran {len(h)} cell(s) since the last cell on all of them"
-                + (f" ({', '.join(h[-3:])})" if h else "")
-                for h, rs in groups.items()
-            ]
-            print(
-                "jaxsys: these processes are out of step: "
-                + "; ".join(parts)
-                + f". If one of those cells left a collective half-done, cell {tag} will hang "
-                "(the hang doctor will say where).",
-                file=sys.stderr,
-            )
-        if set(ranks) == set(cluster.ranks):
-            self.ledger = {}
-        else:
-            for r in ranks:
-                self.ledger.setdefault(r, []).append(tag)
+        cells.raise_for_run(run)
+        return cells.cell_result(run, sink)
 
     def _remember_summary(self, summary: dict) -> None:
         self.last_summaries[summary.get("kind", "")] = summary
@@ -669,46 +563,3 @@ class MultihostSession:
         cluster = self.cluster
         ar = cluster.client[cluster.processes[0].engine_id].apply_async(fn, *args)
         return ar.get(timeout=timeout)
-
-
-ON_HANG = ("report", "interrupt", "restart")
-
-# Cells that start with one of these run in the kernel even in SPMD mode.
-LOCAL_PREFIXES = ("%%local", "%jaxsys", "%multihost", "%%multihost", "%pull", "%load_ext")
-
-
-def is_local_cell(code: str) -> bool:
-    """Whether a cell stays in the kernel when SPMD mode is on."""
-    for line in code.splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            return stripped.startswith(LOCAL_PREFIXES)
-    return True
-
-
-_HELP = re.compile(r"^\s*(\?{1,2})?([A-Za-z_][\w.]*)(\?{1,2})?\s*$")
-
-
-def make_spmd_transformer(session: MultihostSession):
-    """An IPython input transformer that sends cells to every process in SPMD mode."""
-
-    def transform(lines: list[str]) -> list[str]:
-        if not session.spmd:
-            return lines
-        code = "".join(lines)
-        help_request = _HELP.match(code)
-        if help_request and (help_request.group(1) or help_request.group(3)):
-            # Help goes through the pager, which engines do not return: ask process 0.
-            marks = help_request.group(1) or help_request.group(3)
-            detail = len(marks) - 1
-            return [f"%jaxsys inspect {help_request.group(2)} --detail {detail}\n"]
-        if is_local_cell(code):
-            first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
-            if first is not None and lines[first].strip().startswith("%%local"):
-                return lines[first + 1 :]
-            return lines
-        return ["%%multihost\n", *lines]
-
-    # IPython runs transformers flagged this way before its own magic handling.
-    transform.has_side_effects = False
-    return transform

@@ -1,0 +1,202 @@
+"""The thin sender: one execute request per process, and the loop that drives a cell.
+
+Callbacks run on the ipyparallel client's IO thread and only put ``(rank, kind, payload)``
+on a queue; the kernel's main thread takes them off and feeds the cell machine, so a
+KeyboardInterrupt from the stop button lands here, where it can be handled.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Sequence
+
+from .. import _compat
+from .result import CellRun, MultihostInterrupt, interrupt_summary
+from .run import DONE, INTERRUPT, JUDGE, CellMachine
+from .sink import Sink
+
+# The longest the loop blocks on the queue before looking at the clock again.
+POLL = 0.5
+
+
+class _Inbox:
+    """Puts one process's events on the queue (runs on the client's IO thread)."""
+
+    def __init__(self, events: queue.SimpleQueue, rank: int):
+        self.events = events
+        self.rank = rank
+
+    def iopub(self, msg: dict) -> None:
+        self.events.put((self.rank, "iopub", msg))
+
+    def reply(self, future) -> None:
+        self.events.put((self.rank, "reply", future))
+
+    def idle(self, _future) -> None:
+        self.events.put((self.rank, "idle", None))
+
+    def attach(self, future) -> None:
+        """Registered before the request is sent, so no output can slip past it."""
+        future.iopub_callbacks.append(self.iopub)
+        future.add_done_callback(self.reply)
+        future.output.add_done_callback(self.idle)
+
+
+def send_cell(cluster, code: str, ranks: Sequence[int]) -> queue.SimpleQueue:
+    """Send ``code`` to the processes ``ranks``; their events arrive on the returned queue."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    inboxes = [_Inbox(events, r) for r in ranks]
+    engine_ids = cluster.engine_ids(list(ranks))
+    _compat.send_execute(
+        cluster.client, cluster.view, engine_ids, code, lambda i, fut: inboxes[i].attach(fut)
+    )
+    return events
+
+
+class Driver:
+    """Carries out what the machine decides, taking events off the queue in between.
+
+    Parameters
+    ----------
+    machine : CellMachine
+    events : queue.SimpleQueue
+        ``(rank, kind, payload)`` tuples from :func:`send_cell`.
+    interrupt : callable
+        ``interrupt(ranks) -> ranks signalled`` (``Cluster.interrupt``).
+    on_hang : callable, optional
+        ``on_hang(run) -> action`` (a :class:`~jaxsys_kernel.cells.hang.HangPolicy`);
+        ``interrupt`` without one.
+    on_interrupt : callable, optional
+        Called with the ranks about to be interrupted, just before they are signalled.
+    """
+
+    def __init__(
+        self,
+        machine: CellMachine,
+        events: queue.SimpleQueue,
+        interrupt: Callable[[list[int]], list[int]],
+        on_hang: Callable[[CellRun], str] | None = None,
+        on_interrupt: Callable[[list[int]], None] | None = None,
+    ):
+        self.machine = machine
+        self.events = events
+        self.interrupt = interrupt
+        self.on_hang = on_hang
+        self.on_interrupt = on_interrupt
+
+    def run(self) -> CellRun:
+        """Drive the cell to its end.
+
+        Raises
+        ------
+        MultihostInterrupt
+            The user interrupted the cell.
+        """
+        try:
+            while True:
+                try:
+                    if self.advance():
+                        break
+                except KeyboardInterrupt:
+                    self.machine.interrupt_requested()
+        finally:
+            run = self.machine.finish()
+        if self.machine.user_interrupted:
+            raise MultihostInterrupt(run, interrupt_summary(run))
+        return run
+
+    def advance(self) -> bool:
+        """Carry out one step; True once the cell is over."""
+        m = self.machine
+        step = m.step()
+        if step.kind == DONE:
+            return True
+        if step.kind == JUDGE:
+            m.judged(self.on_hang(m.run) if self.on_hang else "interrupt")
+        elif step.kind == INTERRUPT:
+            ranks = list(step.ranks)
+            if self.on_interrupt is not None:
+                self.on_interrupt(ranks)
+            m.interrupted(self.interrupt(ranks))
+        else:
+            wait = POLL if step.until is None else min(POLL, max(0.0, step.until - m.clock()))
+            try:
+                event = self.events.get(timeout=wait)
+            except queue.Empty:
+                return False
+            m.feed(*event)
+        return False
+
+
+def execute(
+    cluster,
+    code: str,
+    procs: Sequence[int] | None = None,
+    *,
+    timeout: float | None = None,
+    collate: bool = True,
+    all_displays: bool = False,
+    window: float | None = None,
+    sink: Sink | None = None,
+    on_interrupt: Callable[[list[int]], None] | None = None,
+    grace: float | None = None,
+    on_hang: Callable[[CellRun], str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> CellRun:
+    """Run ``code`` on the given processes and stream their output as it arrives.
+
+    Parameters
+    ----------
+    cluster : jaxsys_kernel.Cluster
+        A ready cluster.
+    code : str
+        The cell's source.
+    procs : sequence of int, optional
+        Processes to run on; all when omitted.
+    timeout : float, optional
+        Seconds after which the cell is judged hung (``on_hang`` decides what follows).
+    collate : bool
+        Merge identical lines across processes.
+    all_displays : bool
+        Publish rich displays from every process, not only the first selected one.
+    window : float, optional
+        Seconds a line waits for its twins from the other processes.
+    sink : Sink, optional
+        Output destination; the current kernel's streams by default.
+    on_interrupt : callable, optional
+        Called with the ranks about to be interrupted, just before they are signalled.
+    grace : float, optional
+        Once a process has finished or failed, how long the others may keep running before
+        ``on_hang`` is asked whether the cell is hung (they may wait for it in a collective).
+    on_hang : callable, optional
+        Called with the run when it is judged hung (``run.hang``, ``run.stuck`` set);
+        returns ``"report"`` (keep waiting), ``"interrupt"`` (the default),
+        ``"restart"`` (stop waiting; the caller restarts the world) or ``"wait"`` (not a
+        hang: keep waiting until the deadline).
+    clock : callable
+        Monotonic clock.
+
+    Returns
+    -------
+    CellRun
+        What each process did. Errors are not raised here; see :func:`raise_for_run`.
+
+    Raises
+    ------
+    MultihostInterrupt
+        The user interrupted the cell.
+    """
+    procs = list(cluster.ranks if procs is None else procs)
+    machine = CellMachine(
+        procs,
+        sink or Sink(),
+        clock=clock,
+        timeout=timeout,
+        grace=grace,
+        collate=collate,
+        all_displays=all_displays,
+        window=window,
+    )
+    events = send_cell(cluster, code, procs)
+    return Driver(machine, events, cluster.interrupt, on_hang, on_interrupt).run()
