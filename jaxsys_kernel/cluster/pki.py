@@ -17,25 +17,28 @@ imports JAX.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import ipaddress
 import os
-import re
-import secrets
 import socket
 import ssl
 import stat
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from . import pki_files as files
+from .pki_files import (
+    CA_CERT_NAME,
+    CA_KEY_NAME,
+    TRUST_DOMAIN,
+    PKIError,
+    ProcessCredentials,
+)
 
 __all__ = [
     "TRUST_DOMAIN",
@@ -44,289 +47,6 @@ __all__ = [
     "ProcessCredentials",
     "peer_certificate_serial",
 ]
-
-TRUST_DOMAIN = "jaxsys.local"
-
-CA_CERT_NAME = "ca.pem"
-CA_KEY_NAME = "ca.key"
-
-# Certificates may be issued slightly in the past so that a peer whose clock runs a little
-# behind does not reject them as "not yet valid".
-_BACKDATE = _dt.timedelta(minutes=5)
-
-# The id becomes one path segment of the SPIFFE URI; a "/" in it would let one cluster's
-# prefix match another cluster's certificates.
-_CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-_PROCESS_URI_RE = re.compile(r"^(?P<prefix>.+/)process/(?P<index>[0-9]+)$")
-
-_DEFAULT_HOST = ("127.0.0.1", "localhost")
-
-
-class PKIError(RuntimeError):
-    """Certificates or key files are missing, unreadable, insecure or inconsistent."""
-
-
-@dataclass
-class ProcessCredentials:
-    """The files one JAX process needs for mutual TLS.
-
-    Attributes
-    ----------
-    cert_file : str
-        PEM certificate of the process.
-    key_file : str
-        PEM (PKCS8) private key for ``cert_file``.
-    ca_file : str
-        PEM bundle of the CA certificate(s) that peers must chain to.
-    uri : str
-        The SPIFFE URI SAN in ``cert_file`` that identifies the process.
-    """
-
-    cert_file: str
-    key_file: str
-    ca_file: str
-    uri: str
-
-
-def _now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.UTC)
-
-
-def _cert_name(i: int) -> str:
-    return f"process-{i}.pem"
-
-
-def _key_name(i: int) -> str:
-    return f"process-{i}.key"
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old or the new file."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    # The mode is set at creation, so a key is never readable by others even for a moment.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # The umask may have taken bits away that a certificate is meant to have.
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _key_pem(key) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _cert_pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _spki(public_key) -> bytes:
-    return public_key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-
-
-def _check_cluster_id(cluster_id: str) -> None:
-    if not isinstance(cluster_id, str) or not _CLUSTER_ID_RE.fullmatch(cluster_id):
-        raise ValueError(
-            f"cluster_id must be 1-128 characters from [A-Za-z0-9._-] starting with a letter "
-            f"or digit, got {cluster_id!r}"
-        )
-
-
-def _check_nprocs(nprocs: int) -> None:
-    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
-        raise ValueError(f"nprocs must be a positive integer, got {nprocs!r}")
-
-
-def _host_sans(host: str | Iterable[str]) -> list[x509.GeneralName]:
-    """SAN entries for one process's host: IP literals as IPAddress, others as DNSName."""
-    names = [host] if isinstance(host, str) else list(host)
-    if not names:
-        raise ValueError("each entry of hosts must name at least one host")
-    sans: list[x509.GeneralName] = []
-    for name in names:
-        if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
-            raise ValueError(f"not a host name or IP address: {name!r}")
-        # "[::1]" is how IPv6 addresses appear in host:port strings.
-        literal = name[1:-1] if name.startswith("[") and name.endswith("]") else name
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(literal)))
-        except ValueError:
-            try:
-                sans.append(x509.DNSName(name))
-            except ValueError as e:
-                raise ValueError(f"not a usable DNS name for a certificate: {name!r}: {e}") from e
-    return sans
-
-
-def _secure_directory(directory: Path, *, create: bool) -> None:
-    """Make sure ``directory`` is a 0700 directory owned by us (creating it if asked)."""
-    if create:
-        try:
-            directory.mkdir(mode=0o700, parents=True)
-        except FileExistsError:
-            pass
-        else:
-            # mkdir's mode is filtered by the umask; pin it to exactly 0700.
-            os.chmod(directory, 0o700)
-    try:
-        st = os.stat(directory)
-    except FileNotFoundError:
-        raise PKIError(f"PKI directory {directory} does not exist") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise PKIError(f"PKI path {directory} exists but is not a directory")
-    if st.st_uid != os.geteuid():
-        raise PKIError(
-            f"PKI directory {directory} is owned by uid {st.st_uid}, not by this user "
-            f"(uid {os.geteuid()}); refusing to keep private keys there"
-        )
-    if st.st_mode & 0o077:
-        raise PKIError(
-            f"PKI directory {directory} is accessible by group or others "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}); it must be mode 0700. Use a new "
-            f"directory, or run `chmod 700 {directory}` if its contents can be trusted"
-        )
-
-
-def _read_file(path: Path, what: str) -> bytes:
-    """Read ``path``, turning any failure into a PKIError that says what was expected."""
-    if not path.exists():
-        raise PKIError(f"missing {what}: {path} does not exist")
-    if not path.is_file():
-        raise PKIError(f"{what} {path} is not a regular file")
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise PKIError(f"cannot read {what} {path}: {e.strerror or e}") from e
-
-
-def _load_ca_bundle(path: Path) -> list[x509.Certificate]:
-    data = _read_file(path, "CA certificate bundle (PEM)")
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError as e:
-        raise PKIError(f"CA file {path} holds no readable PEM certificate: {e}") from e
-    return certs
-
-
-def _load_cert(path: Path, what: str) -> x509.Certificate:
-    data = _read_file(path, what)
-    try:
-        return x509.load_pem_x509_certificate(data)
-    except ValueError as e:
-        raise PKIError(f"{what} {path} is not a PEM certificate: {e}") from e
-
-
-def _load_key(path: Path, what: str):
-    data = _read_file(path, what)
-    try:
-        return serialization.load_pem_private_key(data, password=None)
-    except TypeError as e:
-        # gRPC cannot be given a passphrase, so an encrypted key is unusable for JAX.
-        raise PKIError(f"{what} {path} is encrypted; JAX needs an unencrypted key") from e
-    except ValueError as e:
-        raise PKIError(f"{what} {path} is not a PEM private key: {e}") from e
-
-
-def _uris(cert: x509.Certificate) -> list[str]:
-    try:
-        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except x509.ExtensionNotFound:
-        return []
-    return ext.value.get_values_for_type(x509.UniformResourceIdentifier)
-
-
-def _issued_by(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
-    for ca in cas:
-        try:
-            cert.verify_directly_issued_by(ca)
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-        return True
-    return False
-
-
-def _eku(cert: x509.Certificate) -> set | None:
-    try:
-        return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
-    except x509.ExtensionNotFound:
-        return None
-
-
-def _check_leaves(
-    cas: Sequence[x509.Certificate],
-    ca_file: Path,
-    cert_dir: Path,
-    nprocs: int,
-    *,
-    expected_prefix: str | None,
-    check_validity: bool,
-) -> str:
-    """Validate every process's certificate and key; return the common URI prefix."""
-    prefix = expected_prefix
-    now = _now()
-    for i in range(nprocs):
-        cert_path = cert_dir / _cert_name(i)
-        key_path = cert_dir / _key_name(i)
-        cert = _load_cert(cert_path, f"certificate of process {i} (PEM)")
-        key = _load_key(key_path, f"private key of process {i} (PEM, unencrypted)")
-        if _spki(key.public_key()) != _spki(cert.public_key()):
-            raise PKIError(f"private key {key_path} does not belong to certificate {cert_path}")
-        if not _issued_by(cert, cas):
-            raise PKIError(
-                f"certificate {cert_path} is not signed by any CA in {ca_file} "
-                f"(issuer: {cert.issuer.rfc4514_string()})"
-            )
-        uris = _uris(cert)
-        if prefix is None:
-            # Process 0's certificate defines the prefix every other process must share.
-            found = [
-                m["prefix"] for u in uris if (m := _PROCESS_URI_RE.match(u)) and m["index"] == "0"
-            ]
-            if not found:
-                raise PKIError(
-                    f"certificate {cert_path} has no URI SAN of the form "
-                    f"'<prefix>/process/0' (found URI SANs: {uris or 'none'}); JAX's peer "
-                    f"check needs one, e.g. 'spiffe://example.org/jax/process/0'"
-                )
-            prefix = found[0]
-        want = f"{prefix}process/{i}"
-        if want not in uris:
-            raise PKIError(
-                f"certificate {cert_path} lacks the URI SAN {want!r} "
-                f"(found URI SANs: {uris or 'none'})"
-            )
-        eku = _eku(cert)
-        if eku is not None:
-            if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
-                raise PKIError(f"certificate {cert_path} does not allow TLS client auth (EKU)")
-            if i == 0 and ExtendedKeyUsageOID.SERVER_AUTH not in eku:
-                raise PKIError(
-                    f"certificate {cert_path} does not allow TLS server auth (EKU); "
-                    f"process 0 runs the coordinator and needs it"
-                )
-        if check_validity and not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
-            raise PKIError(
-                f"certificate {cert_path} is not valid now: valid from "
-                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} to "
-                f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-            )
-    assert prefix is not None
-    return prefix
 
 
 class ClusterPKI:
@@ -413,55 +133,22 @@ class ClusterPKI:
         ValueError
             If an argument is malformed.
         """
-        _check_cluster_id(cluster_id)
-        _check_nprocs(nprocs)
+        files.check_cluster_id(cluster_id)
+        files.check_nprocs(nprocs)
         if valid_days <= 0:
             raise ValueError(f"valid_days must be positive, got {valid_days!r}")
         if hosts is None:
-            hosts = [_DEFAULT_HOST] * nprocs
+            hosts = [files.DEFAULT_HOST] * nprocs
         if isinstance(hosts, str) or len(hosts) != nprocs:
             raise ValueError(f"hosts must be a list with one entry per process ({nprocs})")
-        host_sans = [_host_sans(h) for h in hosts]
+        host_sans = [files.host_sans(h) for h in hosts]
 
         directory = Path(directory).absolute()
-        _secure_directory(directory, create=True)
+        files.secure_directory(directory, create=True)
 
-        now = _now()
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name(
-            [x509.NameAttribute(NameOID.COMMON_NAME, f"jaxsys cluster {cluster_id} CA")]
-        )
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + _dt.timedelta(days=valid_days))
-            # path_length=0: this CA signs process certificates only, never another CA.
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-        _write_atomic(directory / CA_KEY_NAME, _key_pem(ca_key), 0o600)
-        _write_atomic(directory / CA_CERT_NAME, _cert_pem(ca_cert), 0o644)
+        ca_key, ca_cert = files.new_ca(cluster_id, valid_days)
+        files.write_atomic(directory / CA_KEY_NAME, files.key_pem(ca_key), 0o600)
+        files.write_atomic(directory / CA_CERT_NAME, files.cert_pem(ca_cert), 0o644)
 
         pki = cls(
             cluster_id=cluster_id,
@@ -498,19 +185,21 @@ class ClusterPKI:
             If the directory is not private, a file is missing or unreadable, or a
             certificate does not match the CA, its key or the cluster id.
         """
-        _check_cluster_id(cluster_id)
-        _check_nprocs(nprocs)
+        files.check_cluster_id(cluster_id)
+        files.check_nprocs(nprocs)
         directory = Path(directory).absolute()
-        _secure_directory(directory, create=False)
+        files.secure_directory(directory, create=False)
         ca_file = directory / CA_CERT_NAME
         ca_key_file = directory / CA_KEY_NAME
-        cas = _load_ca_bundle(ca_file)
-        ca_key = _load_key(ca_key_file, "CA private key (PEM)")
-        if _spki(ca_key.public_key()) != _spki(cas[0].public_key()):
+        cas = files.load_ca_bundle(ca_file)
+        ca_key = files.load_key(ca_key_file, "CA private key (PEM)")
+        if files.spki(ca_key.public_key()) != files.spki(cas[0].public_key()):
             raise PKIError(f"CA key {ca_key_file} does not belong to CA certificate {ca_file}")
         prefix = f"spiffe://{TRUST_DOMAIN}/{cluster_id}/"
         # Expired leaves are accepted here so that rotate() can still replace them.
-        _check_leaves(cas, ca_file, directory, nprocs, expected_prefix=prefix, check_validity=False)
+        files.check_leaves(
+            cas, ca_file, directory, nprocs, expected_prefix=prefix, check_validity=False
+        )
         return cls(
             cluster_id=cluster_id,
             nprocs=nprocs,
@@ -556,16 +245,16 @@ class ClusterPKI:
         PKIError
             Naming the file that is missing, unreadable or does not fit.
         """
-        _check_cluster_id(cluster_id)
-        _check_nprocs(nprocs)
+        files.check_cluster_id(cluster_id)
+        files.check_nprocs(nprocs)
         ca_file = Path(ca_file).absolute()
         cert_dir = Path(cert_dir).absolute()
-        cas = _load_ca_bundle(ca_file)
-        prefix = _check_leaves(
+        cas = files.load_ca_bundle(ca_file)
+        prefix = files.check_leaves(
             cas, ca_file, cert_dir, nprocs, expected_prefix=None, check_validity=True
         )
         for i in range(nprocs):
-            key_path = cert_dir / _key_name(i)
+            key_path = cert_dir / files.key_name(i)
             if stat.S_IMODE(key_path.stat().st_mode) & 0o077:
                 warnings.warn(
                     f"private key {key_path} is readable by group or others; "
@@ -613,8 +302,8 @@ class ClusterPKI:
         """
         i = self._index(i)
         return ProcessCredentials(
-            cert_file=str(self.cert_dir / _cert_name(i)),
-            key_file=str(self.cert_dir / _key_name(i)),
+            cert_file=str(self.cert_dir / files.cert_name(i)),
+            key_file=str(self.cert_dir / files.key_name(i)),
             ca_file=str(self.ca_file),
             uri=f"{self._peer_uri_prefix}process/{i}",
         )
@@ -658,7 +347,7 @@ class ClusterPKI:
         cryptography.x509.Certificate
         """
         i = self._index(i)
-        return _load_cert(self.cert_dir / _cert_name(i), f"certificate of process {i}")
+        return files.load_cert(self.cert_dir / files.cert_name(i), f"certificate of process {i}")
 
     def serial(self, i: int) -> int:
         """Serial number of process ``i``'s current certificate.
@@ -699,7 +388,7 @@ class ClusterPKI:
         host_sans: list[x509.GeneralName],
         lifetime: _dt.timedelta,
     ) -> int:
-        now = _now()
+        now = files.utc_now()
         # A leaf that outlives its CA would fail verification anyway; stop where the CA does.
         not_after = min(now + lifetime, ca_cert.not_valid_after_utc)
         key = ec.generate_private_key(ec.SECP256R1())
@@ -718,7 +407,7 @@ class ClusterPKI:
             .issuer_name(ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
+            .not_valid_before(now - files.BACKDATE)
             .not_valid_after(not_after)
             .add_extension(
                 x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri), *host_sans]),
@@ -756,8 +445,8 @@ class ClusterPKI:
         )
         # Key before certificate: a reader between the two replaces sees a mismatched pair
         # either way, and gRPC keeps its old credentials when a pair does not match.
-        _write_atomic(self.cert_dir / _key_name(i), _key_pem(key), 0o600)
-        _write_atomic(self.cert_dir / _cert_name(i), _cert_pem(cert), 0o644)
+        files.write_atomic(self.cert_dir / files.key_name(i), files.key_pem(key), 0o600)
+        files.write_atomic(self.cert_dir / files.cert_name(i), files.cert_pem(cert), 0o644)
         return cert.serial_number
 
     def rotate(self, *, valid_days: float | None = None) -> list[int]:
@@ -792,15 +481,15 @@ class ClusterPKI:
             )
         if valid_days is not None and valid_days <= 0:
             raise ValueError(f"valid_days must be positive, got {valid_days!r}")
-        ca_key = _load_key(self._ca_key_file, "CA private key (PEM)")
-        ca_cert = _load_ca_bundle(self.ca_file)[0]
+        ca_key = files.load_key(self._ca_key_file, "CA private key (PEM)")
+        ca_cert = files.load_ca_bundle(self.ca_file)[0]
         serials = []
         for i in range(self.nprocs):
             old = self.certificate(i)
             san = old.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
             host_sans = [g for g in san if not isinstance(g, x509.UniformResourceIdentifier)]
             if valid_days is None:
-                lifetime = old.not_valid_after_utc - old.not_valid_before_utc - _BACKDATE
+                lifetime = old.not_valid_after_utc - old.not_valid_before_utc - files.BACKDATE
             else:
                 lifetime = _dt.timedelta(days=valid_days)
             serials.append(self._issue(i, ca_key, ca_cert, host_sans, lifetime))
