@@ -494,3 +494,15 @@ def test_engines_capture_fds_as_outside_tests(live):
 
     for rank in live.ranks:
         assert live.client[live.engine_ids([rank])[0]].apply_sync(capture_state) == (True, True)
+
+
+def test_a_closed_descriptor_is_left_alone(fake_fds, tmp_path):
+    # A number far above any descriptor in use (new pipes take the lowest free numbers).
+    closed = 4000
+    with pytest.raises(OSError):
+        os.fstat(closed)
+    with pytest.raises(OSError):
+        FdReader((fake_fds.fds[0], closed), lambda fd, chunk: None).install()
+    # The descriptor taken over first was given back.
+    os.write(fake_fds.fds[0], b"still here\n")
+    assert fake_fds.downstream(0) == b"still here\n"

@@ -19,6 +19,10 @@ from collections.abc import Callable, Sequence
 # held further: a writer that never ends its line must not grow memory without bound.
 MAX_PARTIAL_LINE = 1 << 20
 READ_SIZE = 65536
+# Room in each pipe (Linux's default is 64 KiB): a writer that holds the GIL while it
+# writes blocks the reader too once the pipe is full, so give bursts more room. Kept well
+# under the per-user budget for pipe buffers, which 16 engines share.
+PIPE_SIZE = 256 * 1024
 
 
 class LineAssembler:
@@ -100,21 +104,44 @@ class FdReader:
         self._thread: threading.Thread | None = None
 
     def install(self) -> FdReader:
-        """Take the descriptors over and start the reader thread."""
-        for fd in self.fds:
-            read_fd, write_fd = os.pipe()
-            self._saved[fd] = os.dup(fd)
-            os.dup2(write_fd, fd)
-            os.close(write_fd)
-            flags = fcntl.fcntl(read_fd, fcntl.F_GETFL)
-            fcntl.fcntl(read_fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-            st = os.fstat(read_fd)
-            self._inode[fd] = (st.st_dev, st.st_ino)
-            self._read[fd] = read_fd
-            self._open.add(fd)
+        """Take the descriptors over and start the reader thread.
+
+        Raises
+        ------
+        OSError
+            If a descriptor cannot be taken over (e.g. it is closed); whatever was already
+            taken over is given back first.
+        """
+        try:
+            for fd in self.fds:
+                self._take(fd)
+        except OSError:
+            self.restore()
+            raise
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         return self
+
+    def _take(self, fd: int) -> None:
+        read_fd, write_fd = os.pipe()
+        try:
+            self._saved[fd] = os.dup(fd)
+            st = os.fstat(read_fd)
+            self._inode[fd] = (st.st_dev, st.st_ino)
+            os.dup2(write_fd, fd)
+        except OSError:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        flags = fcntl.fcntl(read_fd, fcntl.F_GETFL)
+        fcntl.fcntl(read_fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(read_fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except (AttributeError, OSError):
+            pass  # not Linux, or over the user's budget: the default size still works
+        self._read[fd] = read_fd
+        self._open.add(fd)
 
     def downstream(self, fd: int) -> int:
         """The descriptor that ``fd`` was before :meth:`install` (still open)."""

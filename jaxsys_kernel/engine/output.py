@@ -211,9 +211,17 @@ def install_from_env() -> NativeOutput | None:
     if shell is None:
         return None
     path = default_log_path()
-    log = open(path, "ab")  # noqa: SIM115 - kept open for the life of the process
+    try:
+        log = open(path, "ab")  # noqa: SIM115 - kept open for the life of the process
+    except OSError:
+        return None  # native output stays with ipykernel's capture, as before
+    try:
+        output = NativeOutput(log, publish_to_cell, watch=watch_from_env()).install()
+    except OSError:
+        # A descriptor that cannot be taken over (closed): leave it, never stop the engine.
+        log.close()
+        return None
     _log_path = path
-    output = NativeOutput(log, publish_to_cell, watch=watch_from_env()).install()
     shell.events.register("pre_execute", lambda: output.cell_started(_cell_header(shell)))
     shell.events.register("post_execute", output.cell_finished)
     _output = output
