@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import contract
 from . import summaries
 
-MIME = "application/vnd.jaxsys.summary+json"
+MIME = contract.SUMMARY_MIME
 
 # (module, class name) of the objects that get a view; NamedSharding is exported from
 # jax.sharding and ArrayImpl from jaxlib in 0.12.
