@@ -506,3 +506,18 @@ def test_a_closed_descriptor_is_left_alone(fake_fds, tmp_path):
     # The descriptor taken over first was given back.
     os.write(fake_fds.fds[0], b"still here\n")
     assert fake_fds.downstream(0) == b"still here\n"
+
+
+def test_the_log_is_bounded_and_its_tail_spans_the_move(tmp_path, monkeypatch):
+    log = output.NativeLog(str(tmp_path / "native.log"), max_bytes=100)
+    for i in range(30):
+        log.write(b"line %02d\n" % i)  # 8 bytes each: moved aside after 13 lines
+    log.close()
+    older = (tmp_path / "native.log.1").read_bytes()
+    current = (tmp_path / "native.log").read_bytes()
+    assert len(older) <= 108 and len(current) <= 108
+    monkeypatch.setattr(output, "_log_path", str(tmp_path / "native.log"))
+    assert output.log_tail(3) == "line 27\nline 28\nline 29\n"
+    wanted = current.count(b"\n") + 2
+    assert output.log_tail(wanted).splitlines()[0] == f"line {29 - wanted + 1:02d}"
+    assert output.log_tail(None) == (older + current).decode()

@@ -37,6 +37,48 @@ from .native_log import NativeLogWatch, watch_from_env
 # Publishes ``text`` of stream ``name`` to the cell whose request header is ``header``.
 Publisher = Callable[[str, str, dict], None]
 TAIL_BLOCK = 65536
+# A log past this size becomes ``<log>.1`` (replacing the one before) and a new one
+# starts: process 0's handshake trace logs every connection, for as long as it runs.
+MAX_LOG_BYTES = 32 * 1024 * 1024
+
+
+class NativeLog:
+    """This process's native log: appended to, flushed at once, bounded to two files.
+
+    Parameters
+    ----------
+    path : str
+        The log; the one before it is ``path + ".1"``.
+    max_bytes : int
+        Size at which the log is moved aside and a new one starts.
+    """
+
+    def __init__(self, path: str, max_bytes: int = MAX_LOG_BYTES):
+        self.path = path
+        self.max_bytes = max_bytes
+        self._file = open(path, "ab")  # noqa: SIM115 - kept open for the life of the process
+        self._size = self._file.tell()
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (whole lines) and flush it to the file."""
+        self._file.write(data)
+        self._file.flush()
+        self._size += len(data)
+        if self._size > self.max_bytes:
+            self._file.close()
+            try:
+                os.replace(self.path, self.path + ".1")
+            except OSError:
+                pass  # then the log starts over in place
+            self._file = open(self.path, "wb")  # noqa: SIM115 - as above
+            self._size = 0
+
+    def flush(self) -> None:
+        """Nothing to do: every write is flushed."""
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
 
 
 class _Stream:
@@ -212,7 +254,7 @@ def install_from_env() -> NativeOutput | None:
         return None
     path = default_log_path()
     try:
-        log = open(path, "ab")  # noqa: SIM115 - kept open for the life of the process
+        log = NativeLog(path)
     except OSError:
         return None  # native output stays with ipykernel's capture, as before
     try:
@@ -241,7 +283,8 @@ def log_path() -> str | None:
 def log_tail(lines: int | None = None) -> str:
     """The last ``lines`` lines of this process's native log (all of it when None).
 
-    Reads from the end in blocks, so a large log costs only what is returned.
+    Reads from the end in blocks, so a large log costs only what is returned. The log
+    keeps about the last 32 to 64 MiB (:class:`NativeLog`).
 
     Parameters
     ----------
@@ -255,7 +298,12 @@ def log_tail(lines: int | None = None) -> str:
     """
     if _log_path is None:
         return ""
-    return tail_file(_log_path, lines)
+    text = tail_file(_log_path, lines)
+    have = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    if lines is None or have < lines:
+        # The rest from the log before it, when the log was moved aside.
+        text = tail_file(_log_path + ".1", None if lines is None else lines - have) + text
+    return text
 
 
 def tail_file(path: str, lines: int | None = None) -> str:
