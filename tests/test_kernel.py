@@ -265,6 +265,18 @@ def test_the_kernel_reports_who_was_refused(kernel):
     assert kernel.ok("%%multihost\nprint('fine')").stdout == "[p0-1] fine\n"
 
 
+def test_logs_shows_the_native_chatter_kept_out_of_cells(kernel):
+    # The refused handshake above made process 0's gRPC log its trace: kept out of the
+    # cell, it is in the process's native log.
+    out = kernel.ok("%jaxsys logs 0 --tail 200")
+    assert 0 < len(out.stdout.splitlines()) <= 200
+    assert "handshake" in out.stdout
+    assert len(kernel.ok("%jaxsys logs p0 --tail 2").stdout.splitlines()) == 2
+    bad = kernel.execute("%jaxsys logs 5")
+    assert bad.status == "error" and bad.error["ename"] == "UsageError"
+    assert "there is no process 5; this cluster's processes are p0-1" in bad.error["evalue"]
+
+
 @pytest.mark.parametrize("magic", ["%multihost", "%jaxsys", "%pull", "%%local"])
 def test_magic_help_has_examples(kernel, magic):
     out = kernel.ok(f"{magic}?")
