@@ -996,3 +996,24 @@ def test_short_paths():
     assert rep.short_path(f"{SITE}/jax/_src/api.py") == "jax/_src/api.py"
     assert rep.short_path("/usr/lib/python3.12/contextlib.py") == "contextlib.py"
     assert rep.short_path("/home/me/pkg/__init__.py") == "pkg/__init__.py"
+
+
+def test_python_plumbing_between_frames_is_left_out():
+    dump = dump_of(
+        ("/usr/lib/python3.12/threading.py", 359, "wait"),
+        ("/usr/lib/python3.12/queue.py", 180, "get"),
+        (f"{SITE}/jax/experimental/multihost_utils.py", 620, "live_devices"),
+        ("/usr/lib/python3.12/contextlib.py", 137, "__enter__"),
+        ("/tmp/jaxsys-03-x/ft_train.py", 45, "membership_barrier"),
+        ("/tmp/ipykernel_77/222.py", 4, "<module>"),
+        *ENGINE,
+    )
+    where = rep.describe(rep.main_frames(dump))
+    assert where.lines == [
+        ">> line 4",
+        "   ft_train.py:45 in membership_barrier",
+        "** multihost_utils.live_devices (jax/experimental/multihost_utils.py:620)",
+        "   queue.py:180 in get",
+        "   threading.py:359 in wait",
+    ]
+    assert where.call is None  # it waits in the queue, not in JAX

@@ -22,6 +22,8 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 # A cell's own code runs from a file ipykernel names after the cell's hash.
 _CELL_FILE = re.compile(r"(?:/ipykernel_\d+/\d+\.py|<ipython-input-[^>]*>)$")
 _JAX_PATH = re.compile(r"/(?:jax|jaxlib|jax_plugins)/")
+# Python's own library (contextlib, functools, ...): plumbing between the user's frames.
+_STDLIB = re.compile(r"^<frozen |/lib/python3\.\d+/(?!.*site-packages/)")
 # Frames that mean the process waits in JAX's dispatch or in a collective.
 _JAX_WAIT = re.compile(
     r"/jax/|/jaxlib/|multihost_utils|block_until_ready|_value|psum|all_gather|process_allgather"
@@ -55,6 +57,11 @@ class Frame:
     def in_jax(self) -> bool:
         """Whether the frame is inside JAX or jaxlib."""
         return bool(_JAX_PATH.search(self.file))
+
+    @property
+    def in_stdlib(self) -> bool:
+        """Whether the frame is in Python's standard library."""
+        return bool(_STDLIB.search(self.file))
 
 
 @dataclass
@@ -144,8 +151,9 @@ def _cell_text(f: Frame, this_cell: str | None, code: str | None) -> str:
 def describe(frames: Sequence[Frame], code: str | None = None, max_frames: int = MAX_FRAMES):
     """Describe a stack (innermost first) for the report.
 
-    Frames outside the cell (the engine's machinery) are dropped; each run of JAX frames
-    becomes one ``**`` line naming the public call it stands for.
+    Frames outside the cell (the engine's machinery) and the standard library's frames
+    between others are dropped; each run of JAX frames becomes one ``**`` line naming the
+    public call it stands for.
 
     Returns
     -------
@@ -153,6 +161,10 @@ def describe(frames: Sequence[Frame], code: str | None = None, max_frames: int =
     """
     cells = [i for i, f in enumerate(frames) if f.in_cell]
     kept = list(frames[: cells[-1] + 1] if cells else frames[:max_frames])
+    # The standard library's frames between two others (a with statement's __enter__)
+    # are plumbing; the innermost ones, where the process actually waits, stay.
+    inner = next((i for i, f in enumerate(kept) if not f.in_stdlib), len(kept))
+    kept = kept[:inner] + [f for f in kept[inner:] if not f.in_stdlib]
     outward = kept[::-1]
     this_cell = outward[0].file if cells else None
     where = Where()
