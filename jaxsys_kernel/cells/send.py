@@ -120,7 +120,8 @@ class Driver:
                 self.on_interrupt(ranks)
             m.interrupted(self.interrupt(ranks))
         else:
-            wait = POLL if step.until is None else min(POLL, max(0.0, step.until - m.clock()))
+            # At least a millisecond: a timer that did not move must not spin the loop.
+            wait = POLL if step.until is None else min(POLL, max(0.001, step.until - m.clock()))
             try:
                 event = self.events.get(timeout=wait)
             except queue.Empty:
