@@ -17,8 +17,9 @@ When a line is shown
     this order:
 
     1. *Complete*: every other process either has it at the head of its queue too (it is in
-       the group), has already shown it, has finished, or has printed a line that a member
-       of the group printed *after* it (it skipped it). The group is shown at once.
+       the group), had its copy shown in an earlier group, has finished, or holds a line
+       that a member of the group printed *after* it (so it skipped it). The group is shown
+       at once.
     2. *Expired*: ``window`` seconds have passed since the first process printed it. The
        group is shown with the processes that have it at their head.
     3. *Positional*: every process it could still come from has printed some other line at
@@ -39,8 +40,9 @@ Laggards
     form a group of their own: they are merged with each other (waiting only for the other
     laggards, within a window of their own) and shown under the laggards' label, e.g.
     ``[p0-12] n 16`` and then ``[p13-15] n 16``. The lines that follow are matched as usual,
-    so one slow process costs at most a second line, never a shifted output. With arrival
-    spreads below the window, the common case, every identical line shows exactly once.
+    so a slow process costs a second copy of the lines it was late for, never a shifted
+    output. With arrival spreads below the window, the common case, every identical line
+    shows exactly once.
 
 Partial lines (no newline yet) wait for their newline until their process finishes or the
 cell ends.
@@ -57,8 +59,9 @@ from itertools import islice
 
 from .._ranges import format_procs
 
-# Seconds a line waits for its twins. Engines flush output every 50 ms, but on 16 processes a
-# line printed right after a collective arrives spread over about 600 ms.
+# Seconds a line waits for its twins. Engines flush output every 50 ms, but a line printed
+# right after a first collective reaches the kernel from 16 processes on a busy machine up to
+# about 600 ms apart.
 DEFAULT_WINDOW = 1.0
 # How far past a group's line its members' queues are searched for evidence that another
 # process skipped it; bounded so that a process with a long backlog costs little per check.
