@@ -521,3 +521,18 @@ def test_the_log_is_bounded_and_its_tail_spans_the_move(tmp_path, monkeypatch):
     wanted = current.count(b"\n") + 2
     assert output.log_tail(wanted).splitlines()[0] == f"line {29 - wanted + 1:02d}"
     assert output.log_tail(None) == (older + current).decode()
+
+
+def test_a_failure_at_the_end_of_a_cell_gives_the_descriptors_back(fake_fds, tmp_path):
+    out, sent, log = make_output(fake_fds, tmp_path)
+    try:
+        out.cell_started({"msg_id": "m"})
+        os.write(fake_fds.fds[0], b"held")
+        out.streams[fake_fds.fds[0]].gloo = None  # breaks the filter
+        out.cell_finished()  # must not raise into the cell's hooks
+        assert out.reader.error is not None
+        os.write(fake_fds.fds[0], b"out again\n")
+    finally:
+        out.reader.restore()
+        log.close()
+    assert fake_fds.downstream(0) == b"out again\n"

@@ -161,8 +161,19 @@ class FdReader:
         if not self.alive:
             return
         with self.lock:
-            for fd in sorted(self._open):
-                self._read_available(fd)
+            try:
+                for fd in sorted(self._open):
+                    self._read_available(fd)
+            except Exception as e:  # noqa: BLE001 - the caller is a cell's hook; see fail()
+                self.fail(e)
+
+    def fail(self, error: BaseException) -> None:
+        """Give up: remember why and give every descriptor back (see :meth:`restore`).
+
+        The reader thread then ends once the last writer of each pipe has let go.
+        """
+        self.error = error
+        self.restore()
 
     def restore(self) -> None:
         """Give each descriptor back what it was, if it is still our pipe."""
@@ -197,5 +208,4 @@ class FdReader:
         except BaseException as e:  # noqa: BLE001 - see below
             # A descriptor must never end at a pipe nobody reads: once it filled, every
             # writer (gRPC's logging inside the coordination service included) would block.
-            self.error = e
-            self.restore()
+            self.fail(e)

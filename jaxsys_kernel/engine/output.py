@@ -158,12 +158,16 @@ class NativeOutput:
         """
         self.reader.drain()
         with self.reader.lock:
-            for stream in self.streams.values():
-                held = stream.lines.pending
-                if held:
-                    self._write_log(held + b"\n")
-                self._forward(stream, stream.finish())
-            self._cell = None
+            try:
+                for stream in self.streams.values():
+                    held = stream.lines.pending
+                    if held:
+                        self._write_log(held + b"\n")
+                    self._forward(stream, stream.finish())
+            except Exception as e:  # noqa: BLE001 - never into the cell's hooks
+                self.reader.fail(e)
+            finally:
+                self._cell = None
 
     def _on_data(self, fd: int, chunk: bytes) -> None:
         stream = self.streams[fd]
