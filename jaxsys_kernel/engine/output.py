@@ -13,8 +13,13 @@ One reader thread reassembles the native bytes into whole lines and classifies t
 - known chatter (gloo's connection message, gRPC and absl start-up lines, the INFO records
   of process 0's handshake trace) goes there only;
 - every other line goes to the running cell, as whole lines in iopub ``display_data`` with
-  :data:`jaxsys_kernel.contract.NATIVE_MIME` (``{"name": "stdout" | "stderr", "text"}``).
-  Outside a cell the log is the only place.
+  :data:`jaxsys_kernel.contract.NATIVE_MIME` (``{"name": "stdout" | "stderr", "text"}``),
+  under the cell's request header. Outside a cell (``apply`` requests included) the log is
+  the only place.
+
+Cells are followed through IPython's ``pre_execute`` and ``post_execute`` events. At
+``post_execute`` the thread that ran the cell reads the pipes itself before the cell is
+reported done, so a line the cell wrote just before it returned still reaches that cell.
 
 A partial line waits for its newline; it is not released after some idle time, because
 that would cut gloo's message apart again (its eight writes come from threads that 2 busy
