@@ -1017,3 +1017,20 @@ def test_python_plumbing_between_frames_is_left_out():
         "   threading.py:359 in wait",
     ]
     assert where.call is None  # it waits in the queue, not in JAX
+
+
+def test_a_special_method_is_named_by_the_function_inside_it():
+    # multihost_utils.live_devices is an object: its frames are __call__, then _live_devices.
+    dump = dump_of(
+        (f"{SITE}/jax/experimental/multihost_utils.py", 590, "_live_devices"),
+        (f"{SITE}/jax/experimental/multihost_utils.py", 673, "__call__"),
+        ("/usr/lib/python3.12/contextlib.py", 137, "__enter__"),
+        ("/tmp/ipykernel_77/222.py", 3, "barrier"),
+        ("/tmp/ipykernel_77/222.py", 7, "<module>"),
+        *ENGINE,
+    )
+    where = rep.describe(rep.main_frames(dump))
+    assert where.lines[-1] == (
+        "** multihost_utils._live_devices (jax/experimental/multihost_utils.py:590)"
+    )
+    assert where.lines[:2] == [">> line 7", ">> line 3 in barrier"]

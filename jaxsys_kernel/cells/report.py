@@ -30,6 +30,7 @@ _JAX_WAIT = re.compile(
 )
 # Wrappers JAX puts around its API functions: the call they wrap is the one to name.
 _WRAPPERS = {"reraise_with_filtered_traceback", "wrapper"}
+_DUNDER = re.compile(r"^__\w+__$")
 # The function jax.jit's wrapper calls: a frame here means "inside a jitted function".
 _JIT_ENTRY = ("pjit.py", "cache_miss")
 # Per group, at most this many lines of stack; a report over SCREEN lines shows one line
@@ -119,8 +120,13 @@ def short_path(path: str) -> str:
 
 
 def entry_frame(run: Sequence[Frame]) -> Frame:
-    """The frame a run of JAX frames (outermost first) was entered by, past JAX's wrappers."""
-    return next((f for f in run if f.func not in _WRAPPERS), run[0])
+    """The frame a run of JAX frames (outermost first) was entered by, past JAX's wrappers.
+
+    A special method's name says nothing of the call (``live_devices`` is an object whose
+    ``__call__`` runs), so the first named function inside it stands for the call.
+    """
+    named = (f for f in run if f.func not in _WRAPPERS and not _DUNDER.match(f.func))
+    return next(named, run[0])
 
 
 def public_call(entry: Frame) -> str:
