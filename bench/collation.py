@@ -58,19 +58,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _procs import reap  # noqa: E402
 
 from jaxsys_kernel import Cluster  # noqa: E402
+from jaxsys_kernel import cells as executor  # noqa: E402
 from jaxsys_kernel._ranges import format_procs, parse_procs  # noqa: E402
-
-try:  # the cell path's home since the core was split; earlier it lived in magics/
-    from jaxsys_kernel import cells as executor  # noqa: E402
-    from jaxsys_kernel.cells import collate  # noqa: E402
-except ImportError:
-    from jaxsys_kernel.magics import collate, executor  # noqa: E402
+from jaxsys_kernel.cells import collate  # noqa: E402
 
 # Modules that build collators for a cell; whichever exists gets the recording subclass.
 COLLATOR_USERS = (
     "jaxsys_kernel.cells.run",
     "jaxsys_kernel.cells.send",
-    "jaxsys_kernel.magics.executor",
 )
 LABELLED = re.compile(r"\[(p[0-9,\-]+)\] (.*)")
 MARK = "bench:"

@@ -364,3 +364,26 @@ def test_a_process_that_moved_on_is_not_waited_for():
     c.feed(2, "c\nb\n")
     # Process 2 printed b, which comes after a elsewhere: it skipped a. Process order holds.
     assert "".join(out) == "[p0-1] a\n[p2] c\n[p0-2] b\n"
+
+
+def test_differing_lines_keep_process_order_when_a_later_process_is_ready_first():
+    # p0 and p2 finished with their lines held; p1's line is then the only one nobody else
+    # can still print, so it is ready first, yet it must not jump ahead of p0's.
+    c, out, _ = make(range(3))
+    c.feed(0, "0 3\n")
+    c.finish(0)
+    c.feed(2, "2 3\n")
+    c.finish(2)
+    c.feed(1, "1 3\n")
+    c.finish(1)
+    assert "".join(out) == "[p0] 0 3\n[p1] 1 3\n[p2] 2 3\n"
+
+
+def test_differing_lines_keep_process_order_when_a_window_expires():
+    c, out, clock = make(range(3))
+    c.feed(1, "b\n")
+    clock.t = WINDOW / 2
+    c.feed(0, "a\n")
+    clock.t = WINDOW
+    c.pump()
+    assert "".join(out) == "[p0] a\n[p1] b\n"

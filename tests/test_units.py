@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jaxsys_kernel._ranges import format_procs, parse_procs
-from jaxsys_kernel.magics.collate import LineCollator
+from jaxsys_kernel.cells.collate import LineCollator
 from jaxsys_kernel.magics.session import MultihostSession, is_local_cell, make_spmd_transformer
 
 

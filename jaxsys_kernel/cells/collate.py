@@ -30,6 +30,10 @@ When a line is shown
     4. *Crossed*: processes printed the same lines in different orders, so every group waits
        on another; the oldest goes first.
 
+    Lines that differ at one point of the output come out in process order, whichever of
+    them became ready first: with a complete or expired group, the groups of earlier
+    processes at that point are shown just before it.
+
     Everything held is shown when the cell ends (:meth:`LineCollator.flush`); a process that
     has finished (:meth:`LineCollator.finish`) is never waited for. Each process's own lines
     always come out in the order it printed them.
@@ -279,11 +283,12 @@ class LineCollator:
         """The groups to show now, in order; empty when all should go on waiting."""
         complete = [g for g in groups if g.complete]
         if complete:
-            return complete
+            return self._in_process_order(groups, complete[-1], expired=False)
         now = self.clock()
         expired = [g for g in groups if now >= self._first[g.key] + self.window]
         if expired:
-            return [min(expired, key=lambda g: self._first[g.key])]
+            oldest = min(expired, key=lambda g: self._first[g.key])
+            return self._in_process_order(groups, oldest, expired=True)
         movable = [g for g in groups if not (g.queued or g.waiting)]
         if movable:
             largest = max(len(g.members) for g in groups)
@@ -297,6 +302,19 @@ class LineCollator:
             # Crossed orders, or the cell is over: nothing that arrives can unblock them.
             return [min(groups, key=lambda g: self._first[g.key])]
         return []
+
+    @staticmethod
+    def _in_process_order(groups: list[_Group], due: _Group, expired: bool) -> list[_Group]:
+        """``due`` and, before it, the groups of earlier processes at the same point of the
+        output, so that differing lines keep process order whichever became ready first.
+
+        Before a complete group, those are the groups that wait only on processes which
+        printed something else; before an expired one, every group not queued behind another
+        line (as a position-by-position collation would show them together).
+        """
+        last = groups.index(due)
+        early = [g for g in groups[:last] if not g.queued and (expired or not g.waiting)]
+        return [*early, due]
 
     def _show(self, group: _Group) -> str:
         text, _ = key = group.key
