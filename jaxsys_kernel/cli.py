@@ -12,10 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+from . import contract
 from ._version import __version__
-from .cluster.cluster import pid_alive
+from .cluster.teardown import pid_alive
 
-STATE_DIR = Path(os.environ.get("JAXSYS_STATE_DIR", Path.home() / ".jaxsys" / "clusters"))
+STATE_DIR = Path(os.environ.get(contract.STATE_DIR, Path.home() / ".jaxsys" / "clusters"))
 
 
 def _state_file(name: str) -> Path:
@@ -133,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _serve_cluster(args: argparse.Namespace) -> int:
     """Own a cluster in this process until SIGTERM or SIGINT, publishing its state."""
     from .cluster import Cluster
+    from .cluster.profile import controller_file
 
     state_file = _state_file(args.name)
     state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -150,9 +152,7 @@ def _serve_cluster(args: argparse.Namespace) -> int:
             state="ready",
             coordinator=cluster.coordinator_address,
             connection_file=str(
-                Path(cluster._ipp.profile_dir)
-                / "security"
-                / f"ipcontroller-{cluster._ipp.cluster_id}-client.json"
+                controller_file(cluster._ipp.profile_dir, cluster._ipp.cluster_id, "client")
             ),
             processes=cluster.status(),
             ready_seconds=cluster.ready_seconds,

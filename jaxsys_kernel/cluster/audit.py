@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._ranges import format_procs
+from ..telemetry.refusals import explain_refusal
+from .profile import controller_file
+
+# Explaining refusals belongs to telemetry; it is re-exported here, where it used to live.
+__all__ = [
+    "Endpoint",
+    "audit",
+    "explain_refusal",
+    "format_audit",
+    "format_refusals",
+    "refusal_notice",
+]
 
 ADVICE_PLAINTEXT_DATA = (
     "JAX offers no protection here: keep these hosts on a private, trusted network "
@@ -63,7 +74,7 @@ def _serving(cluster) -> str:
 
 def _ipp_endpoints(cluster) -> list[Endpoint]:
     ipp = cluster._ipp
-    path = Path(ipp.profile_dir) / "security" / f"ipcontroller-{ipp.cluster_id}-engine.json"
+    path = controller_file(ipp.profile_dir, ipp.cluster_id, "engine")
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -157,51 +168,30 @@ def _server_endpoints() -> list[Endpoint]:
     return out
 
 
-def audit(cluster) -> list[Endpoint]:
-    """Every endpoint of a running cluster with its protection, as measured now.
-
-    Asks every JAX process which TCP ports it listens on; ports that are neither the
-    coordination service nor a known ipyparallel socket are JAX's data plane (gloo
-    collectives, transfer servers), which JAX does not protect.
-
-    Parameters
-    ----------
-    cluster : jaxsys_kernel.Cluster
-        A ready cluster.
-
-    Returns
-    -------
-    list of Endpoint
-    """
-    from ..engine import probes
-
-    cluster._require_ready()
-    out: list[Endpoint] = []
+def _coordinator_endpoint(cluster) -> Endpoint:
     coord = cluster.coordinator_address or ""
     if cluster.pki is not None:
-        out.append(
-            Endpoint(
-                "JAX coordination service",
-                coord,
-                "p0",
-                "mTLS",
-                f"peers need a certificate from the cluster CA under {cluster.pki.peer_uri_prefix}; "
-                + _serving(cluster),
-            )
+        return Endpoint(
+            "JAX coordination service",
+            coord,
+            "p0",
+            "mTLS",
+            f"peers need a certificate from the cluster CA under {cluster.pki.peer_uri_prefix}; "
+            + _serving(cluster),
         )
-    else:
-        out.append(
-            Endpoint(
-                "JAX coordination service",
-                coord,
-                "p0",
-                "nothing",
-                "anyone who reaches it can join or disrupt the cluster: restart with security on",
-            )
-        )
-    out.extend(_ipp_endpoints(cluster))
-    out.extend(_telemetry_endpoint(cluster))
-    reports = cluster.view.apply_sync(probes.network_endpoints)
+    return Endpoint(
+        "JAX coordination service",
+        coord,
+        "p0",
+        "nothing",
+        "anyone who reaches it can join or disrupt the cluster: restart with security on",
+    )
+
+
+def _process_endpoints(cluster, reports: list[dict]) -> list[Endpoint]:
+    """What the processes listen on besides the coordinator: JAX's unprotected data plane."""
+    out: list[Endpoint] = []
+    coord = cluster.coordinator_address or ""
     coord_port = int(coord.rsplit(":", 1)[1]) if ":" in coord else None
     data_plane: dict[str, list[int]] = {}
     for rank, rep in zip(cluster.ranks, reports, strict=True):
@@ -239,6 +229,32 @@ def audit(cluster) -> list[Endpoint]:
                 ADVICE_PLAINTEXT_DATA,
             )
         )
+    return out
+
+
+def audit(cluster) -> list[Endpoint]:
+    """Every endpoint of a running cluster with its protection, as measured now.
+
+    Asks every JAX process which TCP ports it listens on; ports that are neither the
+    coordination service nor a known ipyparallel socket are JAX's data plane (gloo
+    collectives, transfer servers), which JAX does not protect.
+
+    Parameters
+    ----------
+    cluster : jaxsys_kernel.Cluster
+        A ready cluster.
+
+    Returns
+    -------
+    list of Endpoint
+    """
+    from ..engine import probes
+
+    cluster._require_ready()
+    out = [_coordinator_endpoint(cluster)]
+    out.extend(_ipp_endpoints(cluster))
+    out.extend(_telemetry_endpoint(cluster))
+    out.extend(_process_endpoints(cluster, cluster.view.apply_sync(probes.network_endpoints)))
     out.extend(_kernel_endpoint())
     out.extend(_server_endpoints())
     return out
@@ -262,62 +278,6 @@ def _footer(endpoints: list[Endpoint]) -> str:
     if not bare:
         return "every endpoint is protected"
     return f"{len(bare)} endpoint(s) with no protection: see the advice column and docs/security.md"
-
-
-# What each TLS error from gRPC means for whoever was refused. The first match wins.
-_REFUSAL_REASONS = (
-    (
-        "no URI SAN with required prefix",
-        "its certificate is from the cluster's CA, but for an identity outside this cluster",
-    ),
-    (
-        "Hostname Verification Check failed",
-        "its certificate names no identity (URI SAN) of this cluster",
-    ),
-    ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "it presented no certificate"),
-    ("CERTIFICATE_EXPIRED", "its certificate has expired"),
-    ("certificate has expired", "its certificate has expired"),
-    ("CERTIFICATE_VERIFY_FAILED", "its certificate is not signed by the cluster's CA"),
-    (
-        "WRONG_VERSION_NUMBER",
-        "it does not speak TLS, so it has no certificate (a JAX process without mTLS?)",
-    ),
-    (
-        "HTTP_REQUEST",
-        "it does not speak TLS, so it has no certificate (a JAX process without mTLS?)",
-    ),
-    (
-        "Socket closed",
-        "it hung up during the handshake: it does not trust the cluster's certificate (a process with another CA?) or is not a TLS client",
-    ),
-    (
-        "Connection reset",
-        "it hung up during the handshake: it does not trust the cluster's certificate (a process with another CA?) or is not a TLS client",
-    ),
-)
-_PEER_URIS = re.compile(r"peer URI SANs: \[([^\]]*)\]")
-
-
-def explain_refusal(error: str) -> tuple[str, str]:
-    """Say in words why the coordination service refused a handshake.
-
-    Parameters
-    ----------
-    error : str
-        The TLS error gRPC logged for it.
-
-    Returns
-    -------
-    tuple of str
-        The reason, and the identities (URI SANs) the peer's certificate claimed, or ``""``
-        when its certificate did not get that far.
-    """
-    m = _PEER_URIS.search(error)
-    identity = m.group(1).strip() if m else ""
-    for needle, reason in _REFUSAL_REASONS:
-        if needle in error:
-            return reason, identity
-    return f"the TLS handshake failed: {error}", identity
 
 
 def format_refusals(refusals: list, reporting: bool = True) -> str:

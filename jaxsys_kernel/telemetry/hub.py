@@ -8,7 +8,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from .. import contract
 from . import schema
+from .refusals import explain_refusal
 
 # Compilation-cache and compile events, by the names JAX 0.12 records them under.
 CACHE_REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
@@ -89,9 +91,9 @@ class TelemetryHub:
 
     def env(self) -> dict[str, str]:
         """Environment variables that make an engine's agent report here."""
-        env = {"JAXSYS_TELEMETRY": self.address, "JAXSYS_HEARTBEAT_INTERVAL": f"{self.interval:g}"}
+        env = {contract.TELEMETRY: self.address, contract.HEARTBEAT_INTERVAL: f"{self.interval:g}"}
         if self.public_key:
-            env["JAXSYS_TELEMETRY_KEY"] = self.public_key
+            env[contract.TELEMETRY_KEY] = self.public_key
         return env
 
     def subscribe(
@@ -235,8 +237,6 @@ class TelemetryHub:
                 sub.dirty = True
 
     def _refused(self, ev: dict, now: float) -> None:
-        from ..cluster.audit import explain_refusal
-
         peer, error = str(ev["peer"]), str(ev.get("error", ""))
         host, _, port = peer.rpartition(":")
         if not host:

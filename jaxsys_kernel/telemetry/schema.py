@@ -101,7 +101,7 @@ class Refusal:
     host : str
         The peer's address, without the port (each attempt comes from a new port).
     reason : str
-        Why it was refused, in words (see :func:`jaxsys_kernel.cluster.audit.explain_refusal`).
+        Why it was refused, in words (see :func:`jaxsys_kernel.telemetry.refusals.explain_refusal`).
     identity : str
         The identities its certificate claimed, when the certificate got that far.
     error : str
