@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+
 import pytest
 
 from jaxsys_kernel import Cluster
@@ -90,3 +94,35 @@ def test_bad_options(kwargs, fragment):
 
 def test_engine_id_is_process_index(cluster):
     assert [p.engine_id for p in cluster.processes] == [0, 1]
+
+
+def _launcher_waiters(cluster) -> list[threading.Thread]:
+    """The threads in which ipyparallel's launchers wait for this cluster's processes."""
+    from jaxsys_kernel.cluster.teardown import launcher_pids
+
+    ipp = cluster._ipp
+    pids = {ipp.controller.pid, *(p for es in ipp.engines.values() for p in launcher_pids(es))}
+    names = {f"wait(pid={pid})" for pid in pids}
+    return [t for t in threading.enumerate() if t.name in names]
+
+
+def test_stop_is_silent(tag, capfd, caplog):
+    c = Cluster(hosts=2, devices_per_host=1, progress=lambda e: None)
+    c.start_sync()
+    loop = c._ensure_loop()
+    waiters = _launcher_waiters(c)
+    assert len(waiters) == 3  # the controller's and one per engine
+    capfd.readouterr()
+    with caplog.at_level(logging.WARNING):
+        c.stop_sync()
+        # The launchers learn of their processes' exit on the cluster's loop thread, after
+        # the stop returned: wait for their threads, then for the loop to run what they
+        # handed it, before judging what was printed.
+        for t in waiters:
+            t.join(timeout=10)
+        assert not any(t.is_alive() for t in waiters)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=10)
+    out, err = capfd.readouterr()
+    assert err == "" and out == ""
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert c.state == "stopped"

@@ -13,8 +13,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-# faulthandler ends every dump with the stack of the thread it ran in.
-_DUMP_END_MARKERS = ("Current thread", "most recent call first")
+# Every thread's stack in a faulthandler dump starts with a header saying this.
+_DUMP_MARKERS = ("Current thread", "most recent call first")
+# A dump whose file has not grown for this long is complete (it is written in microseconds).
+DUMP_QUIET_S = 0.1
+_POLL_S = 0.02
 # Relayed dumps make a round trip through the engine's relay thread and the hub.
 MIN_RELAY_TIMEOUT = 3.0
 
@@ -34,6 +37,10 @@ def read_from(path: Path, offset: int) -> str:
 def local_stacks(files: Mapping[int, Path], send_signal: Signal, timeout: float) -> dict[int, str]:
     """Signal processes on this machine and read their dumps from their stack files.
 
+    A dump is taken as complete once it has begun (faulthandler's header) and its file has
+    not grown for :data:`DUMP_QUIET_S`: faulthandler writes it line by line from a signal
+    handler, and which thread it writes last is not fixed.
+
     Parameters
     ----------
     files : mapping of int to Path
@@ -49,18 +56,24 @@ def local_stacks(files: Mapping[int, Path], send_signal: Signal, timeout: float)
         The dump text by rank; ranks whose dump did not arrive in time are missing.
     """
     logs = {r: p for r, p in files.items() if p.exists()}
-    sizes = {r: p.stat().st_size for r, p in logs.items()}
+    start = {r: p.stat().st_size for r, p in logs.items()}
     send_signal(list(logs), signal.SIGUSR1)
     deadline = time.monotonic() + timeout
+    seen: dict[int, tuple[int, float]] = {}  # rank -> (size, when it last grew)
     out: dict[int, str] = {}
     while logs and time.monotonic() < deadline:
+        now = time.monotonic()
         for r, p in list(logs.items()):
-            text = read_from(p, sizes[r])
-            if any(marker in text for marker in _DUMP_END_MARKERS):
-                time.sleep(0.05)  # the rest of the dump lands within microseconds
-                out[r] = read_from(p, sizes[r])
+            text = read_from(p, start[r])
+            if not any(marker in text for marker in _DUMP_MARKERS):
+                continue
+            size, grew_at = seen.get(r, (-1, now))
+            if len(text) != size:
+                seen[r] = (len(text), now)
+            elif now - grew_at >= DUMP_QUIET_S:
+                out[r] = text
                 del logs[r]
-        time.sleep(0.02)
+        time.sleep(_POLL_S)
     return out
 
 
@@ -97,5 +110,5 @@ def relayed_stacks(
             seq, text = hub.stack_dump(r)
             if r not in out and seq > before[r]:
                 out[r] = text
-        time.sleep(0.02)
+        time.sleep(_POLL_S)
     return out

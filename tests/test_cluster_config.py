@@ -1,0 +1,442 @@
+"""The cluster's parts without a cluster: validated options, launcher classes, engine
+environments, generated blocking twins, stack dumps and teardown's hold on launcher files."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from jaxsys_kernel import Cluster, contract
+from jaxsys_kernel.cluster import launchers, teardown
+from jaxsys_kernel.cluster.config import ClusterConfig
+from jaxsys_kernel.cluster.launchers import (
+    EngineContext,
+    LocalLauncher,
+    MpiLauncher,
+    SlurmLauncher,
+    SshLauncher,
+    make_launcher,
+)
+from jaxsys_kernel.cluster.loop import AsyncFirst
+from jaxsys_kernel.cluster.records import ProcessInfo, ProgressEvent
+
+# -- ClusterConfig ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"launcher": "pbs"}, "unknown launcher 'pbs'; choose one of local, ssh, mpi, slurm"),
+        ({"hosts": 0}, "hosts must be at least 1, got 0"),
+        ({"hosts": []}, "hosts is an empty list; give at least one host name"),
+        ({"hosts": 2, "launcher": "ssh"}, "the ssh launcher needs host names"),
+        ({"devices_per_host": 0}, "devices_per_host must be at least 1, got 0"),
+        ({"hosts": 2, "process_env": {2: {}}}, "process_env names process 2, outside 0-1"),
+        ({"ca_file": "ca.pem"}, "give both ca_file and cert_dir"),
+        (
+            {"secure": False, "ca_file": "ca.pem", "cert_dir": "certs"},
+            "ca_file/cert_dir make no sense with secure=False",
+        ),
+        (
+            {"hosts": ["a"], "launcher": "ssh", "addresses": ["10.0.0.1"]},
+            "addresses and process_prefix apply to the local launcher only",
+        ),
+        (
+            {"hosts": 1, "launcher": "mpi", "process_prefix": {0: ["taskset"]}},
+            "addresses and process_prefix apply to the local launcher only",
+        ),
+        ({"hosts": 2, "addresses": ["10.0.0.1"]}, "addresses has 1 entries for 2 processes"),
+        (
+            {"launcher_options": {"ssh_args": []}},
+            "launcher_options apply to the ssh, mpi and slurm launchers",
+        ),
+        (
+            {"hosts": ["a"], "launcher": "ssh", "launcher_options": {"ssh_arg": []}},
+            "ssh_arg is not a setting of ipyparallel's SSH",
+        ),
+    ],
+)
+def test_config_refuses_what_cannot_work(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ClusterConfig(**kwargs)
+    # Cluster checks the same, with the same words, before anything starts.
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Cluster(**kwargs)
+
+
+def test_config_fills_defaults():
+    cfg = ClusterConfig(hosts=3, process_env={"1": {"A": "1"}}, env={"B": "2"})
+    assert cfg.nprocs == 3 and cfg.host_names is None and cfg.ranks == [0, 1, 2]
+    assert cfg.addresses == ["127.0.0.1"] * 3
+    assert cfg.process_env == {1: {"A": "1"}} and cfg.env == {"B": "2"}
+    assert cfg.launcher_options == {}
+    ssh = ClusterConfig(hosts=["u@n1:2222", "n2"], launcher="ssh")
+    assert ssh.nprocs == 2 and ssh.host_names == ["u@n1:2222", "n2"]
+    assert ssh.launcher_options == {"remote_python": sys.executable}
+    mine = ClusterConfig(hosts=["n1"], launcher="ssh", launcher_options={"remote_python": "py"})
+    assert mine.launcher_options == {"remote_python": "py"}
+
+
+def test_user_env_layers_process_env_over_env_over_os_environ(monkeypatch):
+    monkeypatch.setenv("JAXSYS_TEST_LAYER", "os")
+    cfg = ClusterConfig(hosts=2, env={"JAXSYS_TEST_LAYER": "env"}, process_env={1: {"X": "1"}})
+    assert cfg.user_env(0)["JAXSYS_TEST_LAYER"] == "env"
+    assert cfg.user_env(1)["X"] == "1" and "X" not in cfg.user_env(0)
+
+
+# -- launchers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,cls",
+    [
+        ({"hosts": 2}, LocalLauncher),
+        ({"hosts": ["a", "b"], "launcher": "ssh"}, SshLauncher),
+        ({"hosts": 2, "launcher": "mpi"}, MpiLauncher),
+        ({"hosts": 2, "launcher": "slurm"}, SlurmLauncher),
+    ],
+)
+def test_launcher_is_chosen_once_from_the_config(kwargs, cls):
+    assert type(make_launcher(ClusterConfig(**kwargs))) is cls
+    c = Cluster(**kwargs)
+    assert type(c._launcher) is cls
+    # The name stays readable as a string.
+    assert c.launcher == cls.name == kwargs.get("launcher", "local")
+
+
+def test_what_each_launcher_can_do():
+    assert LocalLauncher.engine_pids_here and LocalLauncher.restarts_one_process
+    assert SshLauncher.restarts_one_process and not SshLauncher.engine_pids_here
+    assert not SshLauncher.launcher_pids_here
+    for cls in (MpiLauncher, SlurmLauncher):
+        assert not cls.restarts_one_process and not cls.engine_pids_here
+        assert cls.launcher_pids_here
+
+
+class _FakePKI:
+    def env(self, rank):
+        return {"JAX_MTLS_CERT_FILE": f"/certs/process-{rank}.pem"}
+
+
+class _FakeHub:
+    def env(self):
+        return {contract.TELEMETRY: "tcp://127.0.0.1:5555"}
+
+
+def _env(launcher, rank=1, **ctx):
+    return launcher.engine_env(rank, EngineContext(**ctx))
+
+
+def test_local_engine_env(tmp_path):
+    launcher = make_launcher(ClusterConfig(hosts=2, devices_per_host=3, init_timeout=20))
+    env = _env(launcher, rank=1, incarnation=2, coordinator="127.0.0.1:1234", profile=tmp_path)
+    engine = contract.EngineEnv.from_env(env)
+    assert engine.process_id == 1 and engine.num_processes == 2
+    assert engine.parent_pid == os.getpid() and not engine.no_pdeathsig
+    assert engine.coordinator == "127.0.0.1:1234" and engine.early_init
+    assert engine.init_timeout == 20.0 and engine.heartbeat_timeout == 10.0
+    assert engine.stack_file == str(tmp_path / "log" / contract.stack_file_name(1, 2))
+    assert engine.native_log == str(tmp_path / "log" / contract.native_log_name(1, 2))
+    assert not engine.relay_stacks and engine.incarnation == 2
+    assert env["XLA_FLAGS"].split()[-1] == "--xla_force_host_platform_device_count=3"
+    assert env["JAX_PLATFORMS"] == os.environ.get("JAX_PLATFORMS", "cpu")
+    assert env["JAX_ENABLE_RECOVERABILITY"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_ssh_engine_env_has_no_parent_and_relays_stacks(tmp_path):
+    launcher = make_launcher(ClusterConfig(hosts=["a", "b"], launcher="ssh"))
+    env = _env(launcher, incarnation=1, profile=tmp_path)
+    engine = contract.EngineEnv.from_env(env)
+    assert contract.PARENT_PID not in env and engine.no_pdeathsig and engine.relay_stacks
+    assert contract.STACK_FILE not in env and contract.COORDINATOR not in env
+    assert "JAX_PLATFORMS" not in env or env["JAX_PLATFORMS"] == os.environ["JAX_PLATFORMS"]
+
+
+@pytest.mark.parametrize("kind", ["mpi", "slurm"])
+def test_batch_engine_env_relays_stacks_and_keeps_the_death_signal(kind, tmp_path):
+    env = _env(make_launcher(ClusterConfig(hosts=2, launcher=kind)), profile=tmp_path)
+    assert env[contract.RELAY_STACKS] == "1"
+    assert contract.PARENT_PID not in env and contract.NO_PDEATHSIG not in env
+
+
+def test_engine_env_layers(tmp_path):
+    cfg = ClusterConfig(
+        hosts=2,
+        cache_dir="/cache",
+        recoverable=False,
+        heartbeat_timeout=None,
+        env={"JAX_MTLS_CERT_FILE": "mine.pem", "A": "env"},
+        process_env={0: {"A": "p0", "GRPC_VERBOSITY": "ERROR"}},
+    )
+    launcher = make_launcher(cfg)
+    env0 = _env(launcher, rank=0, pki=_FakePKI(), telemetry=_FakeHub(), profile=tmp_path)
+    env1 = _env(launcher, rank=1, pki=_FakePKI(), telemetry=_FakeHub(), profile=tmp_path)
+    # The user's variables win over the certificates', a process's own over everyone's.
+    assert env1["JAX_MTLS_CERT_FILE"] == "mine.pem" and env1["A"] == "env" and env0["A"] == "p0"
+    assert env1[contract.TELEMETRY] == "tcp://127.0.0.1:5555"
+    assert env1["JAX_COMPILATION_CACHE_DIR"] == "/cache"
+    assert "JAX_ENABLE_RECOVERABILITY" not in env1 and contract.HEARTBEAT_TIMEOUT not in env1
+    # Only process 0 traces refused handshakes; a verbosity the user chose stays.
+    assert env0[contract.WATCH_HANDSHAKES] == "1" and "handshaker" in env0["GRPC_TRACE"]
+    assert env0["GRPC_VERBOSITY"] == "ERROR" and contract.DROP_NATIVE_INFO not in env0
+    assert contract.WATCH_HANDSHAKES not in env1
+    no_pki = _env(launcher, rank=0, profile=tmp_path)
+    assert contract.WATCH_HANDSHAKES not in no_pki
+
+
+def test_batch_launch_env_leaves_the_rank_to_the_launcher(tmp_path):
+    launcher = make_launcher(ClusterConfig(hosts=2, launcher="mpi"))
+    seen = {}
+
+    class FakeIpp:
+        async def start_engines(self, **kwargs):
+            seen.update(kwargs)
+
+    launcher.ipp = FakeIpp()
+    asyncio.run(launcher.launch(EngineContext(incarnation=3, profile=tmp_path), print))
+    assert contract.PROCESS_ID not in seen["environment"]
+    assert seen["n"] == 2 and seen["engine_set_id"] == "all-i3"
+    assert launcher.engine_sets == {0: "all-i3", 1: "all-i3"}
+
+
+def test_engine_arguments(tmp_path):
+    local = make_launcher(ClusterConfig(hosts=2))
+    args = local.engine_args(1, EngineContext(profile=tmp_path))
+    assert "--IPEngine.id=1" in args and "--IPEngine.enable_nanny=False" in args
+    assert f"--IPEngine.url_file={tmp_path / contract.ENGINE_CONNECTION_FILE}" in args
+    ssh = make_launcher(ClusterConfig(hosts=["a"], launcher="ssh"))
+    assert ssh.nanny_args() == ["--IPEngine.max_heartbeat_misses=20"]
+    assert not any(
+        a.startswith("--IPEngine.url_file=") for a in ssh.engine_args(0, EngineContext())
+    )
+    assert make_launcher(ClusterConfig(hosts=1, launcher="slurm")).nanny_args() == []
+
+
+def test_coordinator_and_certificate_hosts():
+    local = make_launcher(ClusterConfig(hosts=2, addresses=["10.1.0.1", "10.1.0.2"]))
+    assert local.early_coordinator().startswith("10.1.0.1:")
+    assert local.certificate_hosts() == ["10.1.0.1", "10.1.0.2"]
+    ssh = make_launcher(ClusterConfig(hosts=["me@node7:2222", "node8"], launcher="ssh"))
+    assert ssh.early_coordinator() is None
+    assert ssh.coordinator_host("127.0.1.1") == "node7"
+    assert ssh.certificate_hosts() == ["node7", "node8"]
+    mpi = make_launcher(ClusterConfig(hosts=2, launcher="mpi"))
+    assert mpi.coordinator_host("10.0.0.9") == "10.0.0.9" and mpi.certificate_hosts() is None
+
+
+def test_controller_placement():
+    local = make_launcher(ClusterConfig(hosts=1))
+    assert local._controller_kwargs() == {"controller_ip": "127.0.0.1"}
+    assert local.telemetry_addresses() == ("127.0.0.1", "127.0.0.1")
+    slurm = make_launcher(ClusterConfig(hosts=1, launcher="slurm"))
+    assert slurm._controller_kwargs() == {"controller_ip": "*", "engine_launcher_class": "slurm"}
+    assert slurm.telemetry_addresses()[0] == "0.0.0.0"
+
+
+class _FakeClient:
+    def __init__(self):
+        self.sent = []
+
+    def send_signal(self, sig, targets, block):
+        self.sent.append((sig, targets))
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_local_signals_go_straight_to_the_pid(sleeper):
+    launcher = make_launcher(ClusterConfig(hosts=2))
+    procs = [ProcessInfo(0, engine_id=5, pid=sleeper.pid), ProcessInfo(1, engine_id=6)]
+    client = _FakeClient()
+    assert launcher.signal(procs, client, [0, 1], signal.SIGTERM) == [0, 1]
+    assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    # A process whose pid is unknown is signalled through the hub.
+    assert client.sent == [(signal.SIGTERM, [6])]
+    assert launcher.process_gone(procs[0])
+
+
+def test_remote_signals_go_through_the_nannies(sleeper):
+    launcher = make_launcher(ClusterConfig(hosts=["a", "b"], launcher="ssh"))
+    procs = [ProcessInfo(0, engine_id=3, pid=sleeper.pid), ProcessInfo(1, engine_id=4, pid=1)]
+    client = _FakeClient()
+    assert launcher.signal(procs, client, [0, 1], signal.SIGINT) == [0, 1]
+    assert client.sent == [(signal.SIGINT, [3, 4])]
+    # A pid on another host says nothing about this machine's processes.
+    assert sleeper.poll() is None and not launcher.process_gone(procs[0])
+
+
+# -- stack dumps -------------------------------------------------------------------------------
+
+_FAULTHANDLER_CHILD = """
+import faulthandler, signal, sys, time
+f = open(sys.argv[1], "a")
+faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+def waiting_here():
+    print("armed", flush=True)  # from here on, every dump shows this frame
+    time.sleep(60)
+waiting_here()
+"""
+
+
+def test_local_stacks_come_from_the_stack_file(tmp_path):
+    path = tmp_path / "stacks.txt"
+    path.write_text("an older dump\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FAULTHANDLER_CHILD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline() == "armed\n"
+        launcher = make_launcher(ClusterConfig(hosts=2))
+        signalled = []
+
+        def send(ranks, sig):
+            signalled.append((list(ranks), sig))
+            for _ in ranks:
+                os.kill(proc.pid, sig)
+
+        files = {0: path, 1: tmp_path / "missing.txt"}
+        out = launcher.dump_stacks([0, 1], 10.0, send, files.__getitem__, None)
+    finally:
+        proc.kill()
+        proc.wait()
+    # Only the dump written after the signal, and no signal to a process without a file.
+    assert signalled == [([0], signal.SIGUSR1)]
+    assert list(out) == [0] and "waiting_here" in out[0] and "older" not in out[0]
+
+
+class _RelayHub:
+    """Delivers a new dump for each rank that is signalled, as engines' relays do."""
+
+    def __init__(self):
+        self.dumps = {0: (1, "old"), 1: (0, "")}
+
+    def stack_dump(self, rank):
+        return self.dumps[rank]
+
+    def signal(self, ranks, sig):
+        assert sig == signal.SIGUSR1
+        for r in ranks:
+            seq, _ = self.dumps[r]
+            self.dumps[r] = (seq + 1, f"stack of p{r}")
+
+
+def test_remote_stacks_come_back_as_telemetry():
+    hub = _RelayHub()
+    launcher = make_launcher(ClusterConfig(hosts=["a", "b"], launcher="ssh"))
+    out = launcher.dump_stacks([0, 1], 1.0, hub.signal, None, hub)
+    assert out == {0: "stack of p0", 1: "stack of p1"}
+    assert launcher.dump_stacks([0], 1.0, hub.signal, None, None) == {}
+
+
+# -- the generated blocking twins --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["start", "restart", "restart_process"])
+def test_every_public_coroutine_has_a_generated_twin(name):
+    coro, twin = getattr(Cluster, name), getattr(Cluster, f"{name}_sync")
+    assert inspect.iscoroutinefunction(coro) and not inspect.iscoroutinefunction(twin)
+    assert twin.__doc__ == f"Blocking twin of :meth:`{name}`."
+    assert twin.__name__ == f"{name}_sync"
+    assert inspect.signature(twin).parameters.keys() == inspect.signature(coro).parameters.keys()
+    # The coroutine keeps its own documentation.
+    assert coro.__doc__ and "Blocking twin" not in coro.__doc__
+
+
+def test_stop_sync_is_the_kill_it_always_was():
+    assert Cluster.stop_sync.__doc__ == "Blocking twin of :meth:`stop`."
+    c = Cluster(hosts=1, progress=lambda e: None)
+    assert c.stop_sync() >= 0 and c.state == "stopped"
+    # Teardown needs no loop: none was started for it.
+    assert c._loop is None
+
+
+class _Worker(AsyncFirst):
+    async def where(self, stage: str) -> str:
+        """Report progress, and say which thread ran the work."""
+        self._report(stage, 1, 1)
+        return threading.current_thread().name
+
+    async def fail(self) -> None:
+        """Raise."""
+        raise KeyError("from the loop")
+
+
+def test_twins_run_on_the_private_loop_and_progress_on_the_caller():
+    events = []
+    w = _Worker(progress=lambda e: events.append((e, threading.current_thread().name)))
+    assert w.where_sync("sync") == "jaxsys-cluster-loop"
+    assert asyncio.run(w.where("async")) == "jaxsys-cluster-loop"
+    me = threading.current_thread().name
+    assert events == [(ProgressEvent("sync", 1, 1), me), (ProgressEvent("async", 1, 1), me)]
+    with pytest.raises(KeyError, match="from the loop"):
+        w.fail_sync()
+    assert _Worker.fail_sync.__doc__ == "Blocking twin of :meth:`fail`."
+
+
+# -- teardown ----------------------------------------------------------------------------------
+
+
+def test_disowned_launchers_leave_their_files_to_teardown(tmp_path, monkeypatch, caplog):
+    from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+    log = logging.getLogger("jaxsys.test.launcher")
+
+    def launcher(name: str) -> LocalProcessLauncher:
+        made = LocalProcessLauncher(
+            work_dir=".", profile_dir=str(tmp_path), cluster_id=name, log=log
+        )
+        Path(made.output_file).write_text("engine output\n")
+        return made
+
+    kept, raced = launcher("kept"), launcher("raced")
+    teardown.disown_output([kept])
+    real_isfile = os.path.isfile
+
+    def profile_removed_meanwhile(path):
+        # Teardown removes the profile between ipyparallel's check and its own removal.
+        found = real_isfile(path)
+        if found:
+            os.unlink(path)
+        return found
+
+    monkeypatch.setattr(os.path, "isfile", profile_removed_meanwhile)
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        # What a launcher does when its process has stopped: read its log, delete it.
+        assert kept.get_output(remove=True) == ""
+        assert [r.getMessage() for r in caplog.records] == []
+        raced.get_output(remove=True)
+    # Without being disowned, the launcher reports the file teardown took from it.
+    assert ["Failed to remove" in r.getMessage() for r in caplog.records] == [True]
+
+
+def test_pid_alive():
+    assert teardown.pid_alive(os.getpid())
+    assert not teardown.pid_alive(None) and not teardown.pid_alive(0)
+
+
+def test_no_launcher_is_named_outside_the_launchers():
+    cluster_dir = Path(launchers.__file__).parent
+    pattern = re.compile(r"launcher\s*(==|!=|in|not in)\s*[\"'(]")
+    offenders = [
+        f"{path.name}:{n}"
+        for path in sorted(cluster_dir.glob("*.py"))
+        if path.name != "launchers.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
