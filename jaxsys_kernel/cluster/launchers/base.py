@@ -1,36 +1,29 @@
-"""Where engines run and how they are reached: one class per launcher kind, chosen once.
+"""The launcher base class: what every kind of launcher does, and what it may change.
 
 Each launcher owns the engine environment, launching (with ipyparallel's launchers),
 signalling, killing, where stack dumps come from, whether engine pids are pids of this
-machine, where the coordinator runs, and whether a single process can be restarted. Nothing
-else in the package asks which kind a cluster uses.
+machine, where the coordinator runs, and whether a single process can be restarted.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
 import socket
-import sys
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import _compat, contract
-from .._ranges import format_procs
-from . import stacks
-from .profile import engine_file
-from .security import handshake_trace_env
-from .teardown import killpg_all, launcher_pids, pid_alive, sub_launchers, wait_gone
+from ... import contract
+from ..._ranges import format_procs
+from .. import stacks
+from ..security import handshake_trace_env
+from ..teardown import killpg_all, launcher_pids, pid_alive, wait_gone
 
 if TYPE_CHECKING:
-    from .config import ClusterConfig
-    from .records import ProcessInfo
+    from ..config import ClusterConfig
+    from ..records import ProcessInfo
 
 log = logging.getLogger("jaxsys.cluster")
 
@@ -39,12 +32,8 @@ log = logging.getLogger("jaxsys.cluster")
 # misses allowed, an engine is still only declared dead after 5 s without a heartbeat.
 HEARTBEAT_PERIOD_MS = 250
 HEARTBEAT_MISSES = 20
-# Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
-SSH_HEARTBEAT_MISSES = 20
 # Seconds a kill of engines waits for the local ones to be gone.
 ENGINE_KILL_WAIT_S = 5.0
-# Seconds a kill over ssh waits for the hosts to answer.
-SSH_KILL_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +81,7 @@ def _xla_flags(devices: int) -> str:
     return " ".join(flags)
 
 
-def _free_local_port() -> int:
+def free_local_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -101,6 +90,25 @@ def _free_local_port() -> int:
 def host_part(host: str) -> str:
     """``user@node7:2222`` -> ``node7``: what goes into a certificate."""
     return host.rpartition("@")[2].split(":")[0]
+
+
+def listen_addresses(loopback_only: bool, controller_ip: str | None) -> tuple[str, str]:
+    """Where a kernel-side socket listens, and the address engines connect to.
+
+    Like ipyparallel's controller: loopback for local clusters, the given address when
+    there is one, else every interface, with this machine's host name for the engines
+    (``0.0.0.0`` would mean their own host to them).
+
+    Returns
+    -------
+    tuple of str
+        ``(bind, advertise)``.
+    """
+    if controller_ip and controller_ip != "*":
+        return controller_ip, controller_ip
+    if loopback_only and not controller_ip:
+        return "127.0.0.1", "127.0.0.1"
+    return "0.0.0.0", socket.gethostname()
 
 
 class Launcher:
@@ -176,8 +184,8 @@ class Launcher:
 
     def telemetry_addresses(self) -> tuple[str, str]:
         """Where the kernel's telemetry socket listens, and the address engines connect to
-        (see :func:`telemetry_addresses`)."""
-        return telemetry_addresses(self.name, self.config.controller_ip)
+        (see :func:`listen_addresses`)."""
+        return listen_addresses(self.loopback_only, self.config.controller_ip)
 
     @classmethod
     def default_options(cls) -> dict[str, Any]:
@@ -351,240 +359,3 @@ class Launcher:
         # A local process already gone is not signalled again: its pid may be reused.
         elif p.pid and pid_alive(p.pid):
             self.kill_engines([es] if es else [], [p.pid])
-
-
-class LocalLauncher(Launcher):
-    """Processes on this machine, one engine set per rank, signalled directly (no nanny)."""
-
-    name = "local"
-    places_processes = True
-    takes_options = False
-    engine_pids_here = True
-    restarts_one_process = True
-    uses_engine_file_copy = True
-    loopback_only = True
-
-    def _controller_kwargs(self) -> dict[str, Any]:
-        return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
-
-    def certificate_hosts(self) -> list[str] | None:
-        return self.config.addresses
-
-    def early_coordinator(self) -> str | None:
-        return f"{self.config.addresses[0]}:{_free_local_port()}"
-
-    def _engine_fields(self, rank: int, ctx: EngineContext) -> dict[str, Any]:
-        fields: dict[str, Any] = {"parent_pid": os.getpid()}
-        if ctx.profile is not None:
-            fields["stack_file"] = str(stack_file(ctx.profile, rank, ctx.incarnation))
-            fields["native_log"] = str(native_log_file(ctx.profile, rank, ctx.incarnation))
-        return fields
-
-    def _platform_env(self) -> dict[str, str]:
-        return {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-
-    def nanny_args(self) -> list[str]:
-        # The nanny relays signals to remote engines. Local engines are signalled directly,
-        # and starting a nanny costs each engine ~1 s of start-up on a busy machine.
-        return ["--IPEngine.enable_nanny=False"]
-
-    def engine_args(self, rank: int, ctx: EngineContext) -> list[str]:
-        return [*super().engine_args(rank, ctx), f"--IPEngine.url_file={engine_file(ctx.profile)}"]
-
-    async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
-        for rank in self.config.ranks:
-            await self.launch_rank(rank, f"p{rank}-i{ctx.incarnation}", ctx)
-
-    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
-        kwargs: dict[str, Any] = {
-            "environment": self.engine_env(rank, ctx),
-            "engine_args": self.engine_args(rank, ctx),
-        }
-        prefix = self.config.process_prefix.get(rank)
-        if prefix:
-            kwargs["engine_cmd"] = [*prefix, sys.executable, "-m", "ipyparallel.engine"]
-        await self.ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
-        self.engine_sets[rank] = set_id
-
-    def _signal_here(self, processes, ranks, sig):
-        sent, rest = [], []
-        for r in ranks:
-            p = processes[r]
-            if not p.pid:
-                rest.append(r)
-                continue
-            try:
-                os.kill(p.pid, sig)
-                sent.append(r)
-            except ProcessLookupError:
-                pass
-        return sent, rest
-
-    def process_gone(self, p: ProcessInfo) -> bool:
-        # Checked directly: the hub notices only after missed heartbeats.
-        return p.pid is not None and not pid_alive(p.pid)
-
-    def dump_stacks(self, ranks, timeout, send_signal, stack_files, telemetry):
-        return stacks.local_stacks({r: stack_files(r) for r in ranks}, send_signal, timeout)
-
-
-class SshLauncher(Launcher):
-    """One engine per named host, started over ssh; engines there are killed over ssh.
-
-    Engines run without the death signal (the process that spawns them on their host exits
-    at once), so when the kernel dies without a teardown they leave when the controller's
-    heartbeats stop.
-    """
-
-    name = "ssh"
-    needs_host_names = True
-    launcher_pids_here = False
-    restarts_one_process = True
-
-    @classmethod
-    def default_options(cls) -> dict[str, Any]:
-        # Suits hosts that share this machine's filesystem.
-        return {"remote_python": sys.executable}
-
-    def coordinator_host(self, p0_address: str) -> str:
-        # The name that reached process 0's host is the one to give the others: what that
-        # host says of itself may be a loopback alias (Debian's 127.0.1.1).
-        return host_part(self.config.host_names[0])
-
-    def _engine_fields(self, rank: int, ctx: EngineContext) -> dict[str, Any]:
-        # The process that spawns an engine on its host exits at once; the engine must not
-        # die with it. It goes when the controller stops answering its heartbeats.
-        return {**super()._engine_fields(rank, ctx), "no_pdeathsig": True}
-
-    def nanny_args(self) -> list[str]:
-        # No death signal reaches an engine started over ssh: when the kernel dies, the
-        # controller goes with it and the engine leaves once its heartbeats stop.
-        return [f"--IPEngine.max_heartbeat_misses={SSH_HEARTBEAT_MISSES}"]
-
-    async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
-        # Each launch is several ssh round trips; hosts are reached all at once.
-        launched = 0
-        total = self.config.nprocs
-        report("engines launched over ssh", 0, total)
-
-        async def launch(rank: int) -> None:
-            nonlocal launched
-            await self.launch_rank(rank, f"p{rank}-i{ctx.incarnation}", ctx)
-            launched += 1
-            report("engines launched over ssh", launched, total)
-
-        await asyncio.gather(*(launch(r) for r in self.config.ranks))
-
-    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
-        """What ``ipyparallel.Cluster.start_engines`` does, with the blocking ssh calls of
-        the launcher's ``start`` moved to a worker thread, so that hosts start in parallel.
-        """
-        from tornado.ioloop import IOLoop
-
-        ipp = self.ipp
-        # Launchers call back on the loop they were made on: this one, not the worker's.
-        loop = IOLoop.current()
-        kwargs: dict[str, Any] = {
-            "environment": self.engine_env(rank, ctx),
-            "engine_args": self.engine_args(rank, ctx),
-            **self.config.launcher_options,
-        }
-        es = ipp.engine_launcher_class(
-            work_dir=".",
-            parent=ipp,
-            log=ipp.log,
-            profile_dir=ipp.profile_dir,
-            cluster_id=ipp.cluster_id,
-            engine_set_id=set_id,
-            loop=loop,
-            engines={self.config.host_names[rank]: {"n": 1, "loop": loop}},
-            **kwargs,
-        )
-        # Known before it starts, so that a teardown meanwhile finds it.
-        _compat.attach_engine_set(ipp, set_id, es)
-        self.engine_sets[rank] = set_id
-        await asyncio.to_thread(es.start, 1)
-
-    def kill_remote(self, engine_sets: Sequence) -> None:
-        """SIGKILL every engine started over ssh, on its host, all hosts at once."""
-        launchers = [
-            sub
-            for es in engine_sets
-            for sub in sub_launchers(es)
-            if isinstance(getattr(sub, "pid", None), int) and sub.pid > 1
-        ]
-
-        def kill(sub) -> None:
-            # The launcher would fetch the engine's log once it stopped; nobody reads it
-            # now, and the host may be gone by then.
-            _compat.forget_launcher_output(sub)
-            try:
-                _compat.ssh_kill(sub, sub.pid, signal.SIGKILL)
-            except Exception:  # noqa: BLE001 - a host that cannot be reached keeps its engine
-                pass
-
-        deadline = time.monotonic() + SSH_KILL_TIMEOUT_S
-        threads = []
-        for sub in launchers:
-            t = threading.Thread(target=kill, args=(sub,), daemon=True)
-            try:
-                t.start()
-            except RuntimeError:  # at interpreter exit no thread can start: one at a time
-                kill(sub)
-            else:
-                threads.append(t)
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        # Each launcher keeps an ssh session open that waits for its engine; with the
-        # engine gone it returns, and it must, before its host may go away under it.
-        for sub in launchers:
-            _compat.release_ssh_waiter(sub, deadline - time.monotonic())
-
-
-class MpiLauncher(Launcher):
-    """Every rank in one ``mpiexec`` job; ranks come from MPI's environment."""
-
-    name = "mpi"
-
-
-class SlurmLauncher(Launcher):
-    """Every rank in one Slurm job; ranks come from Slurm's environment."""
-
-    name = "slurm"
-
-
-LAUNCHER_CLASSES: Mapping[str, type[Launcher]] = {
-    cls.name: cls for cls in (LocalLauncher, SshLauncher, MpiLauncher, SlurmLauncher)
-}
-LAUNCHERS = tuple(LAUNCHER_CLASSES)
-
-
-def make_launcher(config: ClusterConfig) -> Launcher:
-    """The launcher a (validated) configuration asks for."""
-    return LAUNCHER_CLASSES[config.launcher](config)
-
-
-def telemetry_addresses(launcher: str, controller_ip: str | None) -> tuple[str, str]:
-    """Where the kernel's telemetry socket listens, and the address engines connect to.
-
-    Like ipyparallel's controller: loopback for local clusters, the given address when
-    there is one, else every interface, with this machine's host name for the engines
-    (``0.0.0.0`` would mean their own host to them).
-
-    Parameters
-    ----------
-    launcher : str
-        The cluster's launcher.
-    controller_ip : str or None
-        The ``controller_ip`` the cluster was given.
-
-    Returns
-    -------
-    tuple of str
-        ``(bind, advertise)``.
-    """
-    if controller_ip and controller_ip != "*":
-        return controller_ip, controller_ip
-    if LAUNCHER_CLASSES[launcher].loopback_only and not controller_ip:
-        return "127.0.0.1", "127.0.0.1"
-    return "0.0.0.0", socket.gethostname()

@@ -1,0 +1,69 @@
+"""Where engines run and how they are reached: one class per launcher kind, chosen once.
+
+Nothing else in the package asks which kind a cluster uses: it asks its launcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .base import (
+    HEARTBEAT_MISSES,
+    HEARTBEAT_PERIOD_MS,
+    EngineContext,
+    Launcher,
+    host_part,
+    listen_addresses,
+    native_log_file,
+    stack_file,
+)
+from .local import LocalLauncher
+from .remote import SSH_HEARTBEAT_MISSES, MpiLauncher, SlurmLauncher, SshLauncher
+
+if TYPE_CHECKING:
+    from ..config import ClusterConfig
+
+__all__ = [
+    "HEARTBEAT_MISSES",
+    "HEARTBEAT_PERIOD_MS",
+    "LAUNCHERS",
+    "LAUNCHER_CLASSES",
+    "SSH_HEARTBEAT_MISSES",
+    "EngineContext",
+    "Launcher",
+    "LocalLauncher",
+    "MpiLauncher",
+    "SlurmLauncher",
+    "SshLauncher",
+    "host_part",
+    "listen_addresses",
+    "make_launcher",
+    "native_log_file",
+    "stack_file",
+    "telemetry_addresses",
+]
+
+LAUNCHER_CLASSES: Mapping[str, type[Launcher]] = {
+    cls.name: cls for cls in (LocalLauncher, SshLauncher, MpiLauncher, SlurmLauncher)
+}
+LAUNCHERS = tuple(LAUNCHER_CLASSES)
+
+
+def make_launcher(config: ClusterConfig) -> Launcher:
+    """The launcher a (validated) configuration asks for."""
+    return LAUNCHER_CLASSES[config.launcher](config)
+
+
+def telemetry_addresses(launcher: str, controller_ip: str | None) -> tuple[str, str]:
+    """Where the kernel's telemetry socket listens, and the address engines connect to,
+    for a cluster with this launcher: ``(bind, advertise)`` (see :func:`listen_addresses`).
+
+    Parameters
+    ----------
+    launcher : str
+        The cluster's launcher.
+    controller_ip : str or None
+        The ``controller_ip`` the cluster was given.
+    """
+    return listen_addresses(LAUNCHER_CLASSES[launcher].loopback_only, controller_ip)

@@ -1,0 +1,91 @@
+"""The local launcher: every process on this machine, signalled and killed directly."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import stacks
+from ..profile import engine_file
+from ..teardown import pid_alive
+from .base import EngineContext, Launcher, free_local_port, native_log_file, stack_file
+
+if TYPE_CHECKING:
+    from ..records import ProcessInfo
+
+
+class LocalLauncher(Launcher):
+    """Processes on this machine, one engine set per rank, signalled directly (no nanny)."""
+
+    name = "local"
+    places_processes = True
+    takes_options = False
+    engine_pids_here = True
+    restarts_one_process = True
+    uses_engine_file_copy = True
+    loopback_only = True
+
+    def _controller_kwargs(self) -> dict[str, Any]:
+        return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
+
+    def certificate_hosts(self) -> list[str] | None:
+        return self.config.addresses
+
+    def early_coordinator(self) -> str | None:
+        return f"{self.config.addresses[0]}:{free_local_port()}"
+
+    def _engine_fields(self, rank: int, ctx: EngineContext) -> dict[str, Any]:
+        fields: dict[str, Any] = {"parent_pid": os.getpid()}
+        if ctx.profile is not None:
+            fields["stack_file"] = str(stack_file(ctx.profile, rank, ctx.incarnation))
+            fields["native_log"] = str(native_log_file(ctx.profile, rank, ctx.incarnation))
+        return fields
+
+    def _platform_env(self) -> dict[str, str]:
+        return {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+
+    def nanny_args(self) -> list[str]:
+        # The nanny relays signals to remote engines. Local engines are signalled directly,
+        # and starting a nanny costs each engine ~1 s of start-up on a busy machine.
+        return ["--IPEngine.enable_nanny=False"]
+
+    def engine_args(self, rank: int, ctx: EngineContext) -> list[str]:
+        return [*super().engine_args(rank, ctx), f"--IPEngine.url_file={engine_file(ctx.profile)}"]
+
+    async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
+        for rank in self.config.ranks:
+            await self.launch_rank(rank, f"p{rank}-i{ctx.incarnation}", ctx)
+
+    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
+        kwargs: dict[str, Any] = {
+            "environment": self.engine_env(rank, ctx),
+            "engine_args": self.engine_args(rank, ctx),
+        }
+        prefix = self.config.process_prefix.get(rank)
+        if prefix:
+            kwargs["engine_cmd"] = [*prefix, sys.executable, "-m", "ipyparallel.engine"]
+        await self.ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
+        self.engine_sets[rank] = set_id
+
+    def _signal_here(self, processes, ranks, sig):
+        sent, rest = [], []
+        for r in ranks:
+            p = processes[r]
+            if not p.pid:
+                rest.append(r)
+                continue
+            try:
+                os.kill(p.pid, sig)
+                sent.append(r)
+            except ProcessLookupError:
+                pass
+        return sent, rest
+
+    def process_gone(self, p: ProcessInfo) -> bool:
+        # Checked directly: the hub notices only after missed heartbeats.
+        return p.pid is not None and not pid_alive(p.pid)
+
+    def dump_stacks(self, ranks, timeout, send_signal, stack_files, telemetry):
+        return stacks.local_stacks({r: stack_files(r) for r in ranks}, send_signal, timeout)

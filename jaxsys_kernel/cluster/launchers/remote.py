@@ -1,0 +1,146 @@
+"""Launchers for other hosts: ssh (one engine set per host, launched in parallel) and the
+batch systems MPI and Slurm (every rank in one job)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ... import _compat
+from ..teardown import sub_launchers
+from .base import EngineContext, Launcher, host_part
+
+# Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
+SSH_HEARTBEAT_MISSES = 20
+# Seconds a kill over ssh waits for the hosts to answer.
+SSH_KILL_TIMEOUT_S = 10.0
+
+
+class SshLauncher(Launcher):
+    """One engine per named host, started over ssh; engines there are killed over ssh.
+
+    Engines run without the death signal (the process that spawns them on their host exits
+    at once), so when the kernel dies without a teardown they leave when the controller's
+    heartbeats stop.
+    """
+
+    name = "ssh"
+    needs_host_names = True
+    launcher_pids_here = False
+    restarts_one_process = True
+
+    @classmethod
+    def default_options(cls) -> dict[str, Any]:
+        # Suits hosts that share this machine's filesystem.
+        return {"remote_python": sys.executable}
+
+    def coordinator_host(self, p0_address: str) -> str:
+        # The name that reached process 0's host is the one to give the others: what that
+        # host says of itself may be a loopback alias (Debian's 127.0.1.1).
+        return host_part(self.config.host_names[0])
+
+    def _engine_fields(self, rank: int, ctx: EngineContext) -> dict[str, Any]:
+        # The process that spawns an engine on its host exits at once; the engine must not
+        # die with it. It goes when the controller stops answering its heartbeats.
+        return {**super()._engine_fields(rank, ctx), "no_pdeathsig": True}
+
+    def nanny_args(self) -> list[str]:
+        # No death signal reaches an engine started over ssh: when the kernel dies, the
+        # controller goes with it and the engine leaves once its heartbeats stop.
+        return [f"--IPEngine.max_heartbeat_misses={SSH_HEARTBEAT_MISSES}"]
+
+    async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
+        # Each launch is several ssh round trips; hosts are reached all at once.
+        launched = 0
+        total = self.config.nprocs
+        report("engines launched over ssh", 0, total)
+
+        async def launch(rank: int) -> None:
+            nonlocal launched
+            await self.launch_rank(rank, f"p{rank}-i{ctx.incarnation}", ctx)
+            launched += 1
+            report("engines launched over ssh", launched, total)
+
+        await asyncio.gather(*(launch(r) for r in self.config.ranks))
+
+    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
+        """What ``ipyparallel.Cluster.start_engines`` does, with the blocking ssh calls of
+        the launcher's ``start`` moved to a worker thread, so that hosts start in parallel.
+        """
+        from tornado.ioloop import IOLoop
+
+        ipp = self.ipp
+        # Launchers call back on the loop they were made on: this one, not the worker's.
+        loop = IOLoop.current()
+        kwargs: dict[str, Any] = {
+            "environment": self.engine_env(rank, ctx),
+            "engine_args": self.engine_args(rank, ctx),
+            **self.config.launcher_options,
+        }
+        es = ipp.engine_launcher_class(
+            work_dir=".",
+            parent=ipp,
+            log=ipp.log,
+            profile_dir=ipp.profile_dir,
+            cluster_id=ipp.cluster_id,
+            engine_set_id=set_id,
+            loop=loop,
+            engines={self.config.host_names[rank]: {"n": 1, "loop": loop}},
+            **kwargs,
+        )
+        # Known before it starts, so that a teardown meanwhile finds it.
+        _compat.attach_engine_set(ipp, set_id, es)
+        self.engine_sets[rank] = set_id
+        await asyncio.to_thread(es.start, 1)
+
+    def kill_remote(self, engine_sets: Sequence) -> None:
+        """SIGKILL every engine started over ssh, on its host, all hosts at once."""
+        launchers = [
+            sub
+            for es in engine_sets
+            for sub in sub_launchers(es)
+            if isinstance(getattr(sub, "pid", None), int) and sub.pid > 1
+        ]
+
+        def kill(sub) -> None:
+            # The launcher would fetch the engine's log once it stopped; nobody reads it
+            # now, and the host may be gone by then.
+            _compat.forget_launcher_output(sub)
+            try:
+                _compat.ssh_kill(sub, sub.pid, signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - a host that cannot be reached keeps its engine
+                pass
+
+        deadline = time.monotonic() + SSH_KILL_TIMEOUT_S
+        threads = []
+        for sub in launchers:
+            t = threading.Thread(target=kill, args=(sub,), daemon=True)
+            try:
+                t.start()
+            except RuntimeError:  # at interpreter exit no thread can start: one at a time
+                kill(sub)
+            else:
+                threads.append(t)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        # Each launcher keeps an ssh session open that waits for its engine; with the
+        # engine gone it returns, and it must, before its host may go away under it.
+        for sub in launchers:
+            _compat.release_ssh_waiter(sub, deadline - time.monotonic())
+
+
+class MpiLauncher(Launcher):
+    """Every rank in one ``mpiexec`` job; ranks come from MPI's environment."""
+
+    name = "mpi"
+
+
+class SlurmLauncher(Launcher):
+    """Every rank in one Slurm job; ranks come from Slurm's environment."""
+
+    name = "slurm"
