@@ -19,11 +19,11 @@ from .. import contract
 _PDEATHSIG_SNIPPET = """\
 import ctypes, os, signal, sys
 # Engines started over ssh outlive the short-lived process that spawned them on purpose.
-if sys.platform.startswith("linux") and not os.environ.get("JAXSYS_NO_PDEATHSIG"):
+if sys.platform.startswith("linux") and not os.environ.get("{no_pdeathsig}"):
     _libc = ctypes.CDLL(None, use_errno=True)
     _libc.prctl(1, signal.{signal})  # PR_SET_PDEATHSIG
     # The parent may have died before prctl took effect.
-    _expected = os.environ.get("JAXSYS_PARENT_PID")
+    _expected = os.environ.get("{parent_pid}")
     if _expected and os.getppid() != int(_expected):
         os._exit(1)
 """
@@ -31,13 +31,19 @@ if sys.platform.startswith("linux") and not os.environ.get("JAXSYS_NO_PDEATHSIG"
 # `import jax` and `jax.distributed.initialize` take 1-3 s; starting them while the engine
 # registers with the hub takes them off the critical path of cluster start-up.
 _EARLY_INIT_SNIPPET = """\
-if os.environ.get("JAXSYS_EARLY_INIT"):
+if os.environ.get("{early_init}"):
     try:
         from jaxsys_kernel.engine.bootstrap import start_early_init
         start_early_init()
     except ImportError:
         pass
 """
+
+_NAMES = {
+    "no_pdeathsig": contract.NO_PDEATHSIG,
+    "parent_pid": contract.PARENT_PID,
+    "early_init": contract.EARLY_INIT,
+}
 
 _HEADER = "# Written by jaxsys for one cluster; removed when the cluster stops.\n"
 
@@ -57,7 +63,7 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
     """
     remove_stale_profiles(base)
     # The owner's pid in the name lets a later start find profiles whose owner was killed.
-    profile = Path(tempfile.mkdtemp(prefix=f"jaxsys-profile-{os.getpid()}-", dir=base))
+    profile = Path(tempfile.mkdtemp(prefix=f"{contract.PROFILE_PREFIX}{os.getpid()}-", dir=base))
     os.chmod(profile, 0o700)
     for sub in ("security", "log", "startup", "pid"):
         (profile / sub).mkdir()
@@ -65,12 +71,14 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
     # gets SIGTERM so it can reap its scheduler subprocesses, which inherit no death signal.
     (profile / "ipengine_config.py").write_text(
         _HEADER
-        + _PDEATHSIG_SNIPPET.format(signal="SIGKILL")
-        + _EARLY_INIT_SNIPPET
+        + _PDEATHSIG_SNIPPET.format(signal="SIGKILL", **_NAMES)
+        + _EARLY_INIT_SNIPPET.format(**_NAMES)
         + "c = get_config()  # noqa\n"
     )
     (profile / "ipcontroller_config.py").write_text(
-        _HEADER + _PDEATHSIG_SNIPPET.format(signal="SIGTERM") + "c = get_config()  # noqa\n"
+        _HEADER
+        + _PDEATHSIG_SNIPPET.format(signal="SIGTERM", **_NAMES)
+        + "c = get_config()  # noqa\n"
     )
     return profile
 
@@ -113,8 +121,8 @@ def remove_stale_profiles(base: str | os.PathLike | None = None) -> list[Path]:
     """
     removed = []
     root = Path(base or tempfile.gettempdir())
-    for path in root.glob("jaxsys-profile-*-*"):
-        owner = path.name.split("-")[2]
+    for path in root.glob(f"{contract.PROFILE_PREFIX}*-*"):
+        owner = path.name.removeprefix(contract.PROFILE_PREFIX).split("-")[0]
         if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
             continue
         try:
