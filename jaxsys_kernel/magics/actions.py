@@ -257,7 +257,8 @@ def security(session, args: argparse.Namespace) -> None:
 
     Every process is asked which TCP ports it listens on, so JAX's data-plane ports are
     found too. Below the table: every connection the coordination service refused (who,
-    why, how often).
+    why, how often), then the health of the kernel's telemetry receiver (events taken,
+    dropped by reason, refused handshakes, the last error).
 
     Examples
     --------
@@ -272,6 +273,10 @@ def security(session, args: argparse.Namespace) -> None:
     print(format_audit(audit(session.cluster)))
     if session.cluster.pki is not None:
         print(format_refusals(session.refusals(), session.cluster.reports_refusals))
+    hub = session.cluster.telemetry
+    if hub is not None:
+        notice = hub.check()
+        print(hub.health().line() + (f"\n{notice}" if notice else ""))
 
 
 @magic_arguments("jaxsys rotate-certs")

@@ -238,11 +238,15 @@ class MultihostSession:
                     previous[live.rank] = live.state
             for line in refusal_notice(told, h.refusals()):
                 changes.append(f"{time.strftime('%H:%M:%S')} {_short_notice(line)}")
-            dash.update(
-                cache=[c.to_dict() for c in h.cache_stats()],
-                live=[live.to_dict() for live in lives],
-                append=changes,
-            )
+            health = h.health().line()
+            with dash.live.hold_sync():
+                if dash.live.telemetry_health != health:
+                    dash.live.telemetry_health = health
+                dash.update(
+                    cache=[c.to_dict() for c in h.cache_stats()],
+                    live=[live.to_dict() for live in lives],
+                    append=changes,
+                )
 
         refresh(hub)
         self._attach_controls(dash.live)
@@ -320,12 +324,17 @@ class MultihostSession:
     def report_refusals(self, *_args) -> None:
         """Tell the user, after a cell, who the coordination service refused meanwhile.
 
-        Registered as a ``post_run_cell`` hook; prints nothing when nothing is new.
+        Registered as a ``post_run_cell`` hook; prints nothing when nothing is new. A
+        telemetry receiver found stopped is started again here, and said so.
         """
         from ..cluster.audit import refusal_notice
 
         try:
             lines = refusal_notice(self._refusals_told, self.refusals())
+            hub = self.cluster.telemetry if self.cluster is not None else None
+            notice = hub.check() if hub is not None else None
+            if notice:
+                lines.append(notice)
         except Exception:  # noqa: BLE001 - a report must never fail the user's cell
             return
         for line in lines:

@@ -1,8 +1,12 @@
-"""The kernel side of telemetry: one PULL socket, one thread, per-process aggregates."""
+"""The kernel side of telemetry: one PULL socket, one thread, per-process aggregates.
+
+Anyone holding the telemetry key can send here (any code on an engine can read it), so
+every message is checked before it is used: whatever fails is dropped and counted by
+reason, and the receive loop survives anything a message can do to it.
+"""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -22,6 +26,16 @@ BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 LATE_AFTER_INTERVALS = 3.0
 # Distinct (address, error) pairs kept; a scan from many addresses must not grow the kernel.
 MAX_REFUSAL_SOURCES = 256
+# The recent-events history keeps events up to this size whole, larger ones as a stub, so
+# it holds at most HISTORY_LENGTH * HISTORY_EVENT_BYTES whatever the senders send.
+HISTORY_LENGTH = 200
+HISTORY_EVENT_BYTES = 4096
+# Messages queued in ZeroMQ per sender while the loop is busy, each at most
+# schema.MAX_MESSAGE_BYTES: this bounds what a fast sender can park in the kernel.
+RECEIVE_QUEUE = 64
+# A loop that fails this often within CRASH_WINDOW seconds is left stopped and reported.
+MAX_CRASHES = 5
+CRASH_WINDOW = 60.0
 
 
 class TelemetryHub:
@@ -58,14 +72,21 @@ class TelemetryHub:
         self.received = 0
         self.last_event_at: dict[int, float] = {}
         self.first_event_at: dict[int, float] = {}
-        self.recent: deque[dict] = deque(maxlen=200)
+        self.recent: deque[dict] = deque(maxlen=HISTORY_LENGTH)
         # Refusals outlive world restarts: they are the cluster's security history.
         self._refusals: dict[tuple[str, str], schema.Refusal] = {}
         self.refused_attempts = 0
+        self._health = schema.HubHealth()
+        self._crashes: deque[float] = deque(maxlen=MAX_CRASHES)
+        self._told_dead = False
         self.reset(nprocs)
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.PULL)
         sock.linger = 0
+        # ZeroMQ refuses a larger message from its header, before it allocates the body,
+        # and closes the sender's connection; _take checks the size again.
+        sock.maxmsgsize = schema.MAX_MESSAGE_BYTES
+        sock.rcvhwm = RECEIVE_QUEUE
         self.public_key: str | None = None
         if curve:
             public, secret = zmq.curve_keypair()
@@ -75,9 +96,15 @@ class TelemetryHub:
         port = sock.bind_to_random_port(f"tcp://{bind}")
         self.address = f"tcp://{advertise or bind}:{port}"
         self._sock = sock
+        # Failed handshakes and closed connections are only visible through a monitor.
+        self._monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_DISCONNECTED
+        )
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="jaxsys-telemetry-hub", daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     def reset(self, nprocs: int | None = None) -> None:
         """Forget all numbers (after a world restart the processes start from zero)."""
@@ -149,6 +176,8 @@ class TelemetryHub:
         """
         now = time.time() if now is None else now
         out = []
+        # Without a receiver, silence says nothing about the processes.
+        receiving = self._thread.is_alive()
         with self._lock:
             for r in range(self.nprocs):
                 beat = self._beats.get(r)
@@ -156,7 +185,7 @@ class TelemetryHub:
                 age = None if beat is None else max(0.0, now - beat["recv"])
                 if cluster_state in ("dead", "restarting"):
                     state = cluster_state
-                elif beat is None:
+                elif beat is None or not receiving:
                     state = "unknown"
                 elif age > LATE_AFTER_INTERVALS * self.interval:
                     state = "stuck" if beat["busy"] else "dead"
@@ -174,19 +203,85 @@ class TelemetryHub:
                 )
         return out
 
+    def health(self) -> schema.HubHealth:
+        """The receiver's state: alive, events taken and dropped by reason, the last error."""
+        with self._lock:
+            h = self._health
+            return schema.HubHealth(
+                **{**vars(h), "alive": self._thread.is_alive(), "dropped": dict(h.dropped)}
+            )
+
+    def check(self) -> str | None:
+        """Start the receive thread again if it stopped; say so once.
+
+        Returns
+        -------
+        str or None
+            A line for the user when the thread had stopped (it runs again, unless the hub
+            was closed), None when all is well.
+        """
+        if self._thread.is_alive() or self._stop.is_set():
+            return None
+        with self._lock:
+            self._health.restarts += 1
+            error = self._health.last_error or "no error recorded"
+        self._crashes.clear()
+        self._start_thread()
+        return (
+            f"jaxsys: telemetry had stopped receiving ({error}); it was restarted. "
+            "Liveness and refusals from meanwhile are missing; %jaxsys security shows its health."
+        )
+
+    def history_bytes(self) -> int:
+        """Bytes the recent-events history and the stack dumps hold (an upper bound)."""
+        with self._lock:
+            stacks = sum(len(text) for _, text in self._stacks.values())
+            return sum(e.get("_bytes", 0) for e in self.recent) + stacks
+
     def close(self) -> None:
-        """Stop the thread and close the socket."""
+        """Stop the thread, close the sockets and let go of what the events held."""
         self._stop.set()
         self._thread.join(timeout=2)
+        try:
+            self._sock.disable_monitor()
+        except Exception:  # noqa: BLE001 - the socket may already be unusable
+            pass
+        self._monitor.close(linger=0)
         self._sock.close(linger=0)
+        with self._lock:
+            self.recent.clear()
+            self._stacks = {}
+            self._beats = {}
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="jaxsys-telemetry-hub", daemon=True)
+        self._thread.start()
+
     def _run(self) -> None:
+        """The receive loop, started again after a failure unless it fails too often."""
+        while not self._stop.is_set():
+            try:
+                self._loop()
+                return
+            except Exception as e:  # noqa: BLE001 - recorded; the loop goes on or is reported
+                now = time.monotonic()
+                self._crashes.append(now)
+                with self._lock:
+                    self._health.last_error = _error_line("receive loop failed", e)
+                if len(self._crashes) == MAX_CRASHES and now - self._crashes[0] < CRASH_WINDOW:
+                    return  # health() and check() report it; check() starts it again
+                with self._lock:
+                    self._health.restarts += 1
+                self._stop.wait(0.1)
+
+    def _loop(self) -> None:
         import zmq
 
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         last_tick = time.monotonic()
         while not self._stop.is_set():
             if time.monotonic() - last_tick >= 1.0:
@@ -195,49 +290,83 @@ class TelemetryHub:
                 with self._lock:
                     for sub in self._subscribers:
                         sub.dirty = True
-            if poller.poll(100):
-                while True:
+            ready = dict(poller.poll(100))
+            if self._monitor in ready:
+                self._watch_connections()
+            if self._sock in ready:
+                # A bounded batch: the ticks and subscribers go on under a flood.
+                for _ in range(1000):
                     try:
                         raw = self._sock.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    try:
-                        self._apply(json.loads(raw))
-                    except (ValueError, KeyError, TypeError):
-                        continue  # a malformed event is dropped, never fatal
+                    self._take(raw)
             self._notify()
 
-    def _apply(self, ev: dict) -> None:
-        if ev.get("v") != schema.SCHEMA_VERSION:
-            return
-        rank = int(ev["rank"])
+    def _watch_connections(self) -> None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        while self._monitor.poll(0):
+            event = parse_monitor_message(self._monitor.recv_multipart())["event"]
+            with self._lock:
+                if event == zmq.EVENT_DISCONNECTED:
+                    self._health.disconnects += 1
+                else:
+                    self._health.handshakes_refused += 1
+
+    def _take(self, raw: bytes) -> None:
+        """Apply one message, or drop it and count why; never raises."""
+        try:
+            self._apply(schema.decode(raw), len(raw))
+        except schema.Malformed as e:
+            self._drop(e.reason, e)
+        except Exception as e:  # noqa: BLE001 - whatever a message causes, it costs only itself
+            self._drop(f"failed: {type(e).__name__}", e)
+
+    def _drop(self, reason: str, error: BaseException) -> None:
+        with self._lock:
+            dropped = self._health.dropped
+            dropped[reason] = dropped.get(reason, 0) + 1
+            self._health.last_error = _error_line(f"dropped ({reason})", error)
+
+    def _remember(self, ev: dict, size: int) -> None:
+        if size > HISTORY_EVENT_BYTES:
+            ev = {k: ev[k] for k in ("v", "kind", "rank", "inc", "t")}
+            ev["truncated_from"] = size
+            size = 256
+        self.recent.append({**ev, "_bytes": size})
+
+    def _apply(self, ev: dict, size: int) -> None:
+        rank = ev["rank"]
         now = time.time()
         with self._lock:
             if rank not in self._cache:
-                return
+                raise schema.Malformed("unknown process", f"rank {rank}")
             self.received += 1
+            self._health.accepted += 1
             self.last_event_at[rank] = now
             self.first_event_at.setdefault(rank, now)
-            self.recent.append(ev)
+            self._remember(ev, size)
             kind = ev["kind"]
             if kind == schema.HEARTBEAT:
                 # Ages are measured on the kernel's clock: hosts' clocks may disagree.
                 self._beats[rank] = {**ev, "recv": now}
             elif kind == schema.CACHE_DIR:
-                self._cache[rank].entries = int(ev.get("entries", 0))
-                self._cache[rank].bytes = int(ev.get("bytes", 0))
+                self._cache[rank].entries = ev["entries"]
+                self._cache[rank].bytes = ev["bytes"]
             elif kind == schema.MONITORING:
                 self._monitoring(self._cache[rank], ev)
             elif kind == schema.REFUSED:
                 self._refused(ev, now)
             elif kind == schema.STACKS:
                 seq = self._stacks.get(rank, (0, ""))[0] + 1
-                self._stacks[rank] = (seq, str(ev.get("text", "")))
+                self._stacks[rank] = (seq, ev["text"])
             for sub in self._subscribers:
                 sub.dirty = True
 
     def _refused(self, ev: dict, now: float) -> None:
-        peer, error = str(ev["peer"]), str(ev.get("error", ""))
+        peer, error = ev["peer"], ev["error"]
         host, _, port = peer.rpartition(":")
         if not host:
             host, port = peer, ""
@@ -252,7 +381,8 @@ class TelemetryHub:
             )
         entry.attempts += 1
         entry.last = now
-        entry.last_port = int(port) if port.isdigit() else 0
+        # isdigit() alone takes digits int() refuses (superscripts).
+        entry.last_port = int(port) if port.isascii() and port.isdigit() else 0
         self.refused_attempts += 1
 
     @staticmethod
@@ -263,10 +393,10 @@ class TelemetryHub:
         elif name == CACHE_HIT:
             stats.hits += 1
         elif name == TIME_SAVED:
-            stats.time_saved += float(ev.get("duration", 0.0))
+            stats.time_saved += ev.get("duration", 0.0)
         elif name == BACKEND_COMPILE:
             stats.compiles += 1
-            stats.compile_time += float(ev.get("duration", 0.0))
+            stats.compile_time += ev.get("duration", 0.0)
             fun = ev.get("fun_name")
             if fun:
                 stats.last_functions = ([fun] + [f for f in stats.last_functions if f != fun])[:5]
@@ -276,6 +406,10 @@ class TelemetryHub:
             subs = list(self._subscribers)
         for sub in subs:
             sub.maybe_call(self)
+
+
+def _error_line(what: str, error: BaseException) -> str:
+    return f"{time.strftime('%H:%M:%S')} {what}: {str(error)[:200]}"
 
 
 class _Throttled:

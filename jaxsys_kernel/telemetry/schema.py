@@ -7,6 +7,8 @@ shapes travel over the telemetry socket, live in widget traits and are saved in 
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass, field
 
 SCHEMA_VERSION = 1
@@ -17,6 +19,17 @@ MONITORING = "monitoring"  # one jax.monitoring event or duration
 CACHE_DIR = "cache_dir"  # entries and bytes in the persistent cache directory
 STACKS = "stacks"  # a faulthandler dump of every thread, relayed from a remote process
 REFUSED = "refused"  # process 0's coordination service refused a TLS handshake: peer, error
+KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED)
+
+# The largest event the kernel reads. A relayed stack dump (at most 256 Ki characters) is the
+# biggest an agent sends; anything larger is refused before it is parsed.
+MAX_MESSAGE_BYTES = 1 << 20
+# Text fields are cut to these lengths, so one event cannot hold the kernel's memory.
+MAX_STACK_TEXT = 512 * 1024
+MAX_TEXT = 4096
+MAX_DEVICES = 1 << 16
+# Ranks, incarnations and counts beyond this are not ours: JSON numbers are unbounded.
+MAX_INT = 1 << 62
 
 
 def event(kind: str, rank: int, incarnation: int, t: float, **payload) -> dict:
@@ -36,6 +49,114 @@ def event(kind: str, rank: int, incarnation: int, t: float, **payload) -> dict:
         Kind-specific fields.
     """
     return {"v": SCHEMA_VERSION, "kind": kind, "rank": rank, "inc": incarnation, "t": t, **payload}
+
+
+class Malformed(ValueError):
+    """An event the kernel does not take; ``reason`` is the short name it is counted under."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def _no_constants(name: str):
+    raise Malformed("not JSON", f"{name} is not a number")
+
+
+def _int(ev: dict, key: str, default: int | None = None) -> int:
+    value = ev.get(key, default)
+    # bool is an int to Python, not to a sender: true as a rank is malformed.
+    if type(value) is not int or not 0 <= value <= MAX_INT:
+        raise Malformed("bad field", f"{key} is not a count: {str(value)[:40]}")
+    return value
+
+
+def _number(ev: dict, key: str, default: float | None = None) -> float:
+    value = ev.get(key, default)
+    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > MAX_INT:
+        raise Malformed("bad field", f"{key} is not a finite number: {str(value)[:40]}")
+    return float(value)
+
+
+def _text(ev: dict, key: str, limit: int, default: str | None = None, tail: bool = False) -> str:
+    value = ev.get(key, default)
+    if not isinstance(value, str):
+        raise Malformed("bad field", f"{key} is not text")
+    return value[-limit:] if tail else value[:limit]
+
+
+def _kind_fields(kind: str, ev: dict) -> dict:
+    """The kind's own fields, checked, with text cut to its bound."""
+    if kind == HEARTBEAT:
+        busy, devices = ev.get("busy", False), ev.get("devices", [])
+        if type(busy) is not bool:
+            raise Malformed("bad field", "busy is not true or false")
+        if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
+            raise Malformed("bad field", "devices is not a list of device ids")
+        return {"busy": busy, "devices": [_int({"d": d}, "d") for d in devices]}
+    if kind == CACHE_DIR:
+        return {"entries": _int(ev, "entries", 0), "bytes": _int(ev, "bytes", 0)}
+    if kind == MONITORING:
+        out = {"name": _text(ev, "name", MAX_TEXT)}
+        if "duration" in ev:
+            out["duration"] = _number(ev, "duration")
+        if ev.get("fun_name") is not None:
+            out["fun_name"] = _text(ev, "fun_name", 256)
+        return out
+    if kind == STACKS:
+        # The latest dump is at the end.
+        return {"text": _text(ev, "text", MAX_STACK_TEXT, "", tail=True)}
+    # REFUSED
+    return {"peer": _text(ev, "peer", 256), "error": _text(ev, "error", MAX_TEXT, "")}
+
+
+def decode(raw: bytes) -> dict:
+    """Parse and check one event as it arrived on the wire.
+
+    Only the fields the kernel uses are kept, each of the type it expects, with text cut to
+    its bound; a rank is not checked against the cluster's size (the hub does that).
+
+    Parameters
+    ----------
+    raw : bytes
+        The message.
+
+    Returns
+    -------
+    dict
+        ``v``, ``kind``, ``rank``, ``inc``, ``t`` and the kind's fields.
+
+    Raises
+    ------
+    Malformed
+        For anything else, with the reason it is counted under: ``too large``,
+        ``not JSON``, ``not an object``, ``other version``, ``unknown kind`` or ``bad field``.
+    """
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise Malformed("too large", f"{len(raw)} bytes")
+    try:
+        ev = json.loads(raw, parse_constant=_no_constants)
+    except Malformed:
+        raise
+    except RecursionError:
+        raise Malformed("not JSON", "nested too deeply") from None
+    except ValueError as e:  # also undecodable bytes and integers with too many digits
+        raise Malformed("not JSON", str(e)[:80]) from None
+    if not isinstance(ev, dict):
+        raise Malformed("not an object", type(ev).__name__)
+    if ev.get("v") != SCHEMA_VERSION:
+        raise Malformed("other version", str(ev.get("v"))[:20])
+    kind = ev.get("kind")
+    if kind not in KINDS:
+        raise Malformed("unknown kind", str(kind)[:40])
+    head = {
+        "v": SCHEMA_VERSION,
+        "kind": kind,
+        "rank": _int(ev, "rank"),
+        "inc": _int(ev, "inc", 0),
+        "t": _number(ev, "t", 0.0),
+    }
+    return {**head, **_kind_fields(kind, ev)}
 
 
 @dataclass
@@ -122,6 +243,56 @@ class Refusal:
     first: float = 0.0
     last: float = 0.0
     last_port: int = 0
+
+    def to_dict(self) -> dict:
+        """The fields as a dict."""
+        return asdict(self)
+
+
+@dataclass
+class HubHealth:
+    """How the kernel's telemetry receiver is doing.
+
+    Attributes
+    ----------
+    alive : bool
+        Whether its receive thread runs.
+    accepted : int
+        Events taken.
+    dropped : dict
+        Events refused, by reason (``not JSON``, ``bad field``, ``unknown process``...).
+    last_error : str
+        The latest refusal or failure, with its time; ``""`` when there was none.
+    restarts : int
+        How often the receive loop was started again after a failure.
+    handshakes_refused : int
+        Connections whose CurveZMQ handshake failed (no key or a wrong key).
+    disconnects : int
+        Connections that closed after a handshake: processes that stopped, or senders whose
+        message exceeded the size limit (ZeroMQ closes those).
+    """
+
+    alive: bool = True
+    accepted: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
+    restarts: int = 0
+    handshakes_refused: int = 0
+    disconnects: int = 0
+
+    def line(self) -> str:
+        """One line for the user, e.g. ``telemetry: receiving; 812 events, 3 dropped (...)``."""
+        state = "receiving" if self.alive else "NOT RECEIVING (the receive thread stopped)"
+        parts = [f"telemetry: {state}; {self.accepted} event(s) taken"]
+        if self.dropped:
+            reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.dropped.items()))
+            parts.append(f"{sum(self.dropped.values())} dropped ({reasons})")
+        if self.handshakes_refused:
+            parts.append(f"{self.handshakes_refused} handshake(s) refused")
+        if self.restarts:
+            parts.append(f"receive loop restarted {self.restarts}x")
+        text = "; ".join(parts)
+        return text + (f"; last: {self.last_error}" if self.last_error else "")
 
     def to_dict(self) -> dict:
         """The fields as a dict."""

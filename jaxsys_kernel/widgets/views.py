@@ -226,6 +226,8 @@ class LiveDevicesView(_View):
     # arrive as custom messages ``{"action": ..., "rank": ...}``.
     controls = traitlets.Bool(False).tag(sync=True)
     control_status = traitlets.Unicode("").tag(sync=True)
+    # One line on the kernel's telemetry receiver: events taken, dropped, and whether it runs.
+    telemetry_health = traitlets.Unicode("").tag(sync=True)
 
     def on_control(self, handler) -> None:
         """Show the control buttons and call ``handler(action, rank)`` on every click.

@@ -790,6 +790,8 @@ function renderLive(model, root) {
     ]));
   }
   root.append(grid);
+  const health = model.get("telemetry_health") || "";
+  if (health) root.append(h("div", { class: "jxs-muted jxs-telemetry-health" }, [health]));
   root.append(h("div", { class: "jxs-muted" }, [`event log (${log.length})`]));
   if (!log.length) return;
   const box = h("div", { class: "jxs-log" }, log.slice(-MAX_LOG_LINES).map((line) =>
@@ -808,7 +810,7 @@ const VIEWS = {
   mesh: { draw: renderMesh, traits: ["info"] },
   sharding: { draw: renderSharding, traits: ["info", "dims", "selected_process"] },
   cache: { draw: renderCache, traits: ["stats"] },
-  live: { draw: renderLive, traits: ["liveness", "event_log", "controls", "control_status"] },
+  live: { draw: renderLive, traits: ["liveness", "event_log", "controls", "control_status", "telemetry_health"] },
 };
 
 export default {

@@ -1,0 +1,395 @@
+"""The kernel's telemetry receiver against anything a key holder can send: malformed,
+out-of-range, unknown and huge events are dropped and counted, and the receiver keeps
+taking heartbeats and refusals afterwards. No cluster: the senders are plain sockets that
+hold the key, as any code on an engine can."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxsys_kernel.telemetry import schema
+from jaxsys_kernel.telemetry.hub import TelemetryHub
+
+# What the receivers on the old code died of, and what else a key holder may send.
+MALFORMED = [
+    b"[1, 2, 3]",  # a list: AttributeError on .get
+    b'{"v": 1, "kind": "heartbeat", "rank": 1e999, "inc": 0, "t": 0}',  # OverflowError
+    b'"just a string"',
+    b"null",
+    b"\xff\xfe\x00garbage",
+    b"{" * 100_000,  # RecursionError in the parser
+    b'{"v": 1, "kind": "heartbeat", "rank": NaN, "inc": 0, "t": 0}',
+    b'{"v": 1, "kind": "heartbeat", "rank": true, "inc": 0, "t": 0}',
+    b'{"v": 1, "kind": "heartbeat", "rank": -1, "inc": 0, "t": 0}',
+    b'{"v": 1, "kind": "heartbeat", "rank": 7, "inc": 0, "t": 0}',  # no such process
+    b'{"v": 1, "kind": "heartbeat", "rank": ' + b"9" * 5000 + b', "inc": 0, "t": 0}',
+    b'{"v": 1, "kind": "heartbeat", "rank": 0, "inc": 0, "t": 0, "devices": "abc"}',
+    b'{"v": 1, "kind": "heartbeat", "rank": 0, "inc": 0, "t": 0, "devices": [1e999]}',
+    b'{"v": 1, "kind": "cache_dir", "rank": 0, "inc": 0, "t": 0, "entries": 1e999}',
+    b'{"v": 1, "kind": "monitoring", "rank": 0, "inc": 0, "t": 0, "name": 5}',
+    b'{"v": 1, "kind": "monitoring", "rank": 0, "inc": 0, "t": 0, "name": "x", "duration": 1e999}',
+    b'{"v": 1, "kind": "refused", "rank": 0, "inc": 0, "t": 0, "peer": ["a"]}',
+    b'{"v": 1, "kind": "stacks", "rank": 0, "inc": 0, "t": 0, "text": {"a": 1}}',
+    b'{"v": 1, "kind": "no-such-kind", "rank": 0, "inc": 0, "t": 0}',
+    b'{"v": 99, "kind": "heartbeat", "rank": 0, "inc": 0, "t": 0}',
+    b'{"v": 1, "kind": "heartbeat", "rank": 0, "inc": 0, "t": Infinity}',
+]
+
+
+def beat(rank: int, **extra) -> bytes:
+    ev = schema.event(schema.HEARTBEAT, rank, 1, time.time(), busy=False, devices=[rank])
+    return json.dumps({**ev, **extra}).encode()
+
+
+def refusal(port: int) -> bytes:
+    ev = schema.event(
+        schema.REFUSED,
+        0,
+        1,
+        time.time(),
+        peer=f"10.9.8.7:{port}",
+        error="PEER_DID_NOT_RETURN_A_CERTIFICATE",
+    )
+    return json.dumps(ev).encode()
+
+
+def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def hub():
+    h = TelemetryHub(2, curve=True, interval=0.5)
+    yield h
+    h.close()
+
+
+def key_holder(hub: TelemetryHub) -> zmq.Socket:
+    """A PUSH socket with the hub's public key: what code on an engine can open."""
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.linger = 0
+    public, secret = zmq.curve_keypair()
+    sock.curve_serverkey = hub.public_key.encode()
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.connect(hub.address)
+    return sock
+
+
+def test_malformed_events_are_dropped_and_counted_and_the_hub_keeps_going(hub):
+    sock = key_holder(hub)
+    try:
+        for r in (0, 1):
+            sock.send(beat(r))
+        wait_for(lambda: hub.received >= 2, what="first heartbeats")
+        for raw in MALFORMED:
+            sock.send(raw)
+        for r in (0, 1):
+            sock.send(beat(r))
+        sock.send(refusal(4242))
+        wait_for(lambda: hub.received >= 5, what="events after the malformed ones")
+        wait_for(lambda: sum(hub.health().dropped.values()) >= len(MALFORMED), what="drops")
+    finally:
+        sock.close()
+    health = hub.health()
+    assert health.alive and health.accepted == 5
+    assert sum(health.dropped.values()) == len(MALFORMED), health.dropped
+    assert {"not an object", "bad field", "not JSON", "unknown process", "unknown kind"} <= set(
+        health.dropped
+    ), health.dropped
+    assert health.last_error
+    assert [lv.state for lv in hub.liveness()] == ["alive", "alive"]
+    (refused,) = hub.refusals()
+    assert refused.host == "10.9.8.7" and refused.last_port == 4242
+    assert "dropped" in health.line() and "receiving" in health.line()
+
+
+def test_a_failure_while_applying_an_event_is_caught_and_counted(hub, monkeypatch):
+    calls = {"n": 0}
+    apply = hub._apply
+
+    def flaky(ev, size):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OverflowError("something unforeseen")
+        apply(ev, size)
+
+    monkeypatch.setattr(hub, "_apply", flaky)
+    sock = key_holder(hub)
+    try:
+        sock.send(beat(0))
+        sock.send(beat(1))
+        wait_for(lambda: hub.received >= 1, what="the second heartbeat")
+    finally:
+        sock.close()
+    health = hub.health()
+    assert health.alive and health.dropped == {"failed: OverflowError": 1}
+    assert "something unforeseen" in health.last_error
+
+
+def _failing_loop(monkeypatch, failures: dict) -> None:
+    """Make every hub's receive loop raise while ``failures["left"]`` is positive."""
+    loop = TelemetryHub._loop
+
+    def patched(self):
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise RuntimeError("poller broke")
+        loop(self)
+
+    monkeypatch.setattr(TelemetryHub, "_loop", patched)
+
+
+def test_a_crashing_receive_loop_is_restarted(monkeypatch):
+    _failing_loop(monkeypatch, {"left": 1})
+    hub = TelemetryHub(2, curve=True, interval=0.5)
+    sock = key_holder(hub)
+    try:
+        sock.send(beat(0))
+        wait_for(lambda: hub.received >= 1, what="a heartbeat after the restart")
+        health = hub.health()
+        assert health.alive and health.restarts == 1 and "poller broke" in health.last_error
+    finally:
+        sock.close()
+        hub.close()
+
+
+def test_a_loop_that_keeps_failing_is_reported_and_check_restarts_it(monkeypatch):
+    failures = {"left": 1000}
+    _failing_loop(monkeypatch, failures)
+    hub = TelemetryHub(2, curve=True, interval=0.5)
+    try:
+        wait_for(lambda: not hub.health().alive, what="the loop to give up")
+        health = hub.health()
+        assert "poller broke" in health.last_error and "NOT RECEIVING" in health.line()
+        # Without a receiver, silence is not death.
+        assert [lv.state for lv in hub.liveness()] == ["unknown", "unknown"]
+        failures["left"] = 0
+        notice = hub.check()
+        assert notice and "restarted" in notice and "poller broke" in notice
+        assert hub.health().alive and hub.check() is None
+        sock = key_holder(hub)
+        try:
+            sock.send(beat(1))
+            wait_for(lambda: hub.received >= 1, what="a heartbeat after check()")
+        finally:
+            sock.close()
+    finally:
+        hub.close()
+
+
+def test_handshakes_without_the_key_are_counted(hub):
+    ctx = zmq.Context.instance()
+    plain = ctx.socket(zmq.PUSH)
+    wrong = ctx.socket(zmq.PUSH)
+    other, _ = zmq.curve_keypair()
+    public, secret = zmq.curve_keypair()
+    wrong.curve_serverkey, wrong.curve_publickey, wrong.curve_secretkey = other, public, secret
+    for s in (plain, wrong):
+        s.linger = 0
+        s.connect(hub.address)
+        s.send(beat(0))
+    try:
+        wait_for(lambda: hub.health().handshakes_refused >= 2, what="refused handshakes")
+    finally:
+        plain.close()
+        wrong.close()
+    assert hub.received == 0
+
+
+SENDER = textwrap.dedent(
+    """
+    import sys, zmq
+    address, key, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.linger = 30000
+    public, secret = zmq.curve_keypair()
+    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = key.encode(), public, secret
+    sock.connect(address)
+    head = b'{"v": 1, "kind": "stacks", "rank": 0, "inc": 1, "t": 0, "text": "'
+    for _ in range(n):
+        sock.send(head + b"x" * size + b'"}')
+    sock.close()
+    print("sent")
+    """
+)
+
+
+def test_huge_events_leave_the_kernels_memory_alone(hub):
+    me = psutil.Process()
+    before = me.memory_info().rss
+    out = subprocess.run(
+        [sys.executable, "-c", SENDER, hub.address, hub.public_key, "8", str(50 << 20)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == b"sent", out.stderr
+    # The sender's connection is closed on the first oversized message; it reconnects.
+    wait_for(lambda: hub.health().disconnects >= 1, what="the oversized sender's disconnect")
+    grown = me.memory_info().rss - before
+    assert grown < 16 << 20, f"RSS grew by {grown >> 20} MiB"
+    sock = key_holder(hub)
+    try:
+        sock.send(beat(0))
+        wait_for(lambda: hub.received >= 1, what="a heartbeat after the huge events")
+    finally:
+        sock.close()
+
+
+def test_large_events_are_bounded_in_the_history_and_released_on_close():
+    hub = TelemetryHub(2, curve=False, interval=0.5)
+    text = "y" * (schema.MAX_MESSAGE_BYTES - 200)
+    raw = json.dumps(schema.event(schema.STACKS, 1, 1, 0.0, text=text)).encode()
+    for _ in range(300):
+        hub._take(raw)
+    assert hub.received == 300
+    assert hub.history_bytes() <= 200 * 4096
+    assert hub.stack_dump(1)[0] == 300 and len(hub.stack_dump(1)[1]) == schema.MAX_STACK_TEXT
+    hub.close()
+    assert hub.history_bytes() == 0 and hub.stack_dump(1) == (0, "")
+
+
+# -- the decoder, fuzzed ----------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+field_values = (
+    st.sampled_from(
+        [0, 1, -1, 2**70, 1e999, -1e999, float("nan"), True, None, "", "x" * 10, [], {}, [1.5]]
+    )
+    | json_values
+)
+events = st.fixed_dictionaries(
+    {
+        "v": st.sampled_from([1, 1, 1, 2, "1", None]),
+        "kind": st.sampled_from([*schema.KINDS, "other", 3]),
+        "rank": field_values,
+    },
+    optional={
+        k: field_values
+        for k in ("inc", "t", "busy", "devices", "entries", "bytes", "name", "duration")
+        + ("fun_name", "text", "peer", "error")
+    },
+)
+
+
+def _dumps(value) -> bytes:
+    return json.dumps(value, allow_nan=True).encode()
+
+
+@settings(max_examples=400, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=200), json_values.map(_dumps), events.map(_dumps)))
+def test_the_decoder_accepts_or_refuses_with_a_reason(raw):
+    try:
+        ev = schema.decode(raw)
+    except schema.Malformed as e:
+        assert e.reason in {
+            "too large",
+            "not JSON",
+            "not an object",
+            "other version",
+            "unknown kind",
+            "bad field",
+        }
+        return
+    # What is accepted has exactly the types the hub relies on.
+    assert ev["kind"] in schema.KINDS and type(ev["rank"]) is int and ev["rank"] >= 0
+    assert type(ev["inc"]) is int and isinstance(ev["t"], float)
+
+
+@settings(max_examples=300, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=200), json_values.map(_dumps), events.map(_dumps)))
+def test_the_hub_takes_any_message_without_raising(raw):
+    hub = _offline_hub()
+    before = hub.received + sum(hub.health().dropped.values())
+    hub._take(raw)
+    assert hub.received + sum(hub.health().dropped.values()) == before + 1
+    hub.liveness()
+    hub.cache_stats()
+    hub.refusals()
+
+
+_OFFLINE: list[TelemetryHub] = []
+
+
+def _offline_hub() -> TelemetryHub:
+    """One hub for all examples: its thread never sees these messages (they go to _take)."""
+    if not _OFFLINE:
+        _OFFLINE.append(TelemetryHub(2, curve=False, interval=0.5))
+    return _OFFLINE[0]
+
+
+def teardown_module(module):
+    for h in _OFFLINE:
+        h.close()
+
+
+class _FakeCluster:
+    """What the session's dashboard and post-cell report read from a cluster."""
+
+    state = "ready"
+    pki = None
+    processes: list = []
+
+    def __init__(self, hub):
+        self.telemetry = hub
+
+    def refresh_states(self):
+        pass
+
+    def refusal_records(self):
+        return self.telemetry.refusals()
+
+
+def test_the_dashboard_shows_the_receivers_health_and_a_stopped_one_is_said(monkeypatch, capsys):
+    from jaxsys_kernel.magics.session import MultihostSession
+
+    failures = {"left": 0}
+    _failing_loop(monkeypatch, failures)
+    hub = TelemetryHub(2, curve=False, interval=0.5)
+    session = MultihostSession()
+    session.cluster = _FakeCluster(hub)
+    try:
+        hub._take(b"[1, 2, 3]")
+        dash = session.show_dashboard()
+        line = dash.live.telemetry_health
+        assert line.startswith("telemetry: receiving") and "1 not an object" in line
+        # A receiver that stops is started again after the next cell, and the user is told.
+        failures["left"] = 1000
+
+        def broken_notify():
+            raise RuntimeError("subscriber bookkeeping broke")
+
+        monkeypatch.setattr(hub, "_notify", broken_notify)
+        wait_for(lambda: not hub.health().alive, what="the loop to give up")
+        monkeypatch.undo()
+        failures["left"] = 0
+        session.report_refusals()
+        err = capsys.readouterr().err
+        assert "telemetry had stopped receiving" in err and "restarted" in err
+        assert hub.health().alive
+    finally:
+        session._unsubscribe()
+        hub.close()
