@@ -12,7 +12,9 @@ __all__ = [
     "ClusterStartError",
     "__version__",
     "live_devices",
+    "load_exported",
     "load_ipython_extension",
+    "save_exported",
     "show",
 ]
 
@@ -47,12 +49,13 @@ def live_devices(devices=None):
 
 
 def show(x):
-    """Show the view of a mesh, a sharding or a jax.Array (inside a ``%%multihost`` cell).
+    """Show the view of a mesh, a sharding, a jax.Array or an export (in ``%%multihost``).
 
     Parameters
     ----------
-    x : jax.sharding.Mesh, jax.sharding.NamedSharding or jax.Array
-        The object to draw; arrays may span processes.
+    x : Mesh, NamedSharding, jax.Array, jax.export.Exported or DataPlan
+        The object to draw; arrays may span processes; an export gets its artifact card;
+        a :func:`jaxsys_kernel.data.plan` shows which process reads which block.
 
     Examples
     --------
@@ -73,6 +76,11 @@ def __getattr__(name):
         from . import cluster
 
         return getattr(cluster, name)
+    if name in ("save_exported", "load_exported"):
+        # They run where JAX runs (engines); importing them here would not import JAX yet.
+        from . import export
+
+        return getattr(export, name)
     raise AttributeError(name)
 
 

@@ -1,4 +1,4 @@
-"""Rich display of meshes, shardings and arrays from inside a JAX process.
+"""Rich display of meshes, shardings, arrays and exports from inside a JAX process.
 
 Each process's IPython gets a formatter for a jaxsys mime type, registered by type *name* so
 that nothing imports JAX before the user does. The formatter emits a summary (see
@@ -8,6 +8,7 @@ because the summary comes from the sharding's device-to-index map, never from th
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .. import contract
@@ -23,7 +24,30 @@ _TYPES = {
     ("jax._src.named_sharding", "NamedSharding"): "sharding",
     ("jaxlib._jax", "ArrayImpl"): "array",
     ("jax._src.array", "ArrayImpl"): "array",
+    ("jax._src.export._export", "Exported"): "export",
+    ("jaxsys_kernel.export", "LoadedExport"): "export",
+    # Data-loading plans carry their own summary (engine code never imports jaxsys_kernel.data).
+    ("jaxsys_kernel.data.plan", "DataPlan"): "dataplan",
 }
+# Exported computations also get a one-line text form: their dataclass repr spells out the
+# serialized module byte by byte.
+_TEXT_TYPES = [k for k, v in _TYPES.items() if v == "export"]
+_last_export: tuple[Any, dict] | None = None
+
+
+def _export_summary(x: Any) -> dict:
+    # One display asks for the summary and the text form in turn: build the facts once.
+    global _last_export
+    if _last_export is not None and _last_export[0]() is x:
+        return _last_export[1]
+    from .export_info import export_info
+
+    info = export_info(x)
+    try:
+        _last_export = (weakref.ref(x), info)
+    except TypeError:
+        _last_export = None
+    return info
 
 
 def summarize(x: Any) -> dict | None:
@@ -35,6 +59,10 @@ def summarize(x: Any) -> dict | None:
     kind = _TYPES.get((type(x).__module__, type(x).__qualname__))
     if kind is None and hasattr(x, "devices_indices_map") and hasattr(x, "mesh"):
         kind = "sharding"
+    if kind == "export":
+        return _export_summary(x)
+    if kind == "dataplan":
+        return x.summary()
     if kind == "mesh":
         return summaries.mesh_info(x)
     if kind == "array":
@@ -80,11 +108,22 @@ def register_formatters(shell=None) -> bool:
         formatters[MIME] = formatter
     for module, name in _TYPES:
         formatters[MIME].for_type_by_name(module, name, _format)
+    for module, name in _TEXT_TYPES:
+        formatters["text/plain"].for_type_by_name(module, name, _export_text)
     return True
 
 
+def _export_text(x: Any, p: Any, cycle: bool) -> None:
+    from .export_info import one_line
+
+    try:
+        p.text(one_line(_export_summary(x)))
+    except Exception:  # noqa: BLE001 - fall back to the plain repr rather than fail printing
+        p.text(repr(x)[:200])
+
+
 def show(x: Any) -> None:
-    """Show the view of a mesh, a sharding or a jax.Array, once, in the notebook.
+    """Show the view of a mesh, a sharding, a jax.Array or an export, once, in the notebook.
 
     Call it inside a ``%%multihost`` cell (on every process, as usual); the kernel shows
     the view built from process 0's summary.
@@ -102,6 +141,7 @@ def show(x: Any) -> None:
     summary = summarize(x)
     if summary is None:
         raise TypeError(
-            f"no view for {type(x).__name__}; pass a Mesh, a NamedSharding or a jax.Array"
+            f"no view for {type(x).__name__}; pass a Mesh, a NamedSharding, a jax.Array, "
+            "a jax.export.Exported or a jaxsys_kernel.data plan"
         )
     display({MIME: summary, "text/plain": f"<{summary['kind']} view>"}, raw=True)

@@ -1,9 +1,11 @@
-"""Notebook widgets of the kernel: mesh, sharding, cache and liveness views.
+"""Notebook widgets of the kernel: mesh, sharding, cache and liveness views, artifact cards.
 
 They draw plain summary dicts (computed on the engines, see
 :mod:`jaxsys_kernel.engine.summaries`) and never import JAX.
 """
 
+from .artifact import ArtifactView
+from .dataplan import DataPlanView
 from .views import (
     CacheView,
     Dashboard,
@@ -13,4 +15,13 @@ from .views import (
     view_for,
 )
 
-__all__ = ["CacheView", "Dashboard", "LiveDevicesView", "MeshView", "ShardingView", "view_for"]
+__all__ = [
+    "ArtifactView",
+    "CacheView",
+    "Dashboard",
+    "DataPlanView",
+    "LiveDevicesView",
+    "MeshView",
+    "ShardingView",
+    "view_for",
+]

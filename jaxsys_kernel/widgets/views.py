@@ -19,6 +19,9 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from .artifact import ArtifactView
+from .dataplan import DataPlanView
+
 _STATIC = pathlib.Path(__file__).parent / "static"
 
 #: Newest log lines a :class:`LiveDevicesView` keeps in its trait.
@@ -376,22 +379,28 @@ class Dashboard(ipywidgets.GridBox):
             self.live.update(live, log, append=append)
 
 
-_VIEWS = {"mesh": MeshView, "sharding": ShardingView}
+_VIEWS = {
+    "mesh": MeshView,
+    "sharding": ShardingView,
+    "export": ArtifactView,
+    "dataplan": DataPlanView,
+}
 
 
-def view_for(summary: dict, **kwargs: Any) -> MeshView | ShardingView:
+def view_for(summary: dict, **kwargs: Any) -> MeshView | ShardingView | ArtifactView:
     """The view that draws a summary, chosen by its ``kind``.
 
     Parameters
     ----------
     summary : dict
-        A MeshInfo (``kind == "mesh"``) or ShardingInfo (``kind == "sharding"``) dict.
+        A MeshInfo (``kind == "mesh"``), ShardingInfo (``kind == "sharding"``) or export
+        summary (``kind == "export"``) dict.
     **kwargs
         Passed to the view (e.g. ``dims`` for a sharding).
 
     Returns
     -------
-    MeshView or ShardingView
+    MeshView, ShardingView or ArtifactView
 
     Raises
     ------
@@ -402,6 +411,6 @@ def view_for(summary: dict, **kwargs: Any) -> MeshView | ShardingView:
     if kind not in _VIEWS:
         raise ValueError(
             f"no view for a summary of kind {kind!r}; expected one of {sorted(_VIEWS)} "
-            "(from engine.summaries.mesh_info / sharding_info)"
+            "(from engine.summaries.mesh_info / sharding_info, engine.export_info.export_info)"
         )
     return _VIEWS[kind](summary, **kwargs)
