@@ -27,7 +27,7 @@ _TYPES = {
     ("jax._src.export._export", "Exported"): "export",
     ("jaxsys_kernel.export", "LoadedExport"): "export",
     # Data-loading plans carry their own summary (engine code never imports jaxsys_kernel.data).
-    ("jaxsys_kernel.data.plan", "DataPlan"): "dataplan",
+    ("jaxsys_kernel.data.planner", "DataPlan"): "dataplan",
 }
 # Exported computations also get a one-line text form: their dataclass repr spells out the
 # serialized module byte by byte.
