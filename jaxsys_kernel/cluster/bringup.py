@@ -11,7 +11,6 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .. import _compat
 from ..engine import bootstrap
@@ -19,9 +18,6 @@ from . import security
 from .profile import controller_file, engine_file, make_profile
 from .records import ClusterStartError, ProcessInfo
 from .teardown import sub_launchers
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
 
 # Seconds to collect the other processes' errors once one has failed to initialise.
 ERROR_GATHER_S = 1.0
@@ -52,7 +48,7 @@ def _short_error(exc: BaseException) -> str:
 # -- what went wrong ----------------------------------------------------------------------
 
 
-def launcher_failure(cluster: Cluster, rank: int) -> str | None:
+def launcher_failure(cluster, rank: int) -> str | None:
     """Why the launcher of ``rank`` is no longer running, or None if it is."""
     es = cluster._launcher.engine_set(rank)
     if es is None:
@@ -67,7 +63,7 @@ def launcher_failure(cluster: Cluster, rank: int) -> str | None:
     return None
 
 
-def controller_failure(cluster: Cluster) -> str | None:
+def controller_failure(cluster) -> str | None:
     """Why the ipyparallel controller is no longer running, or None if it is."""
     ipp = cluster._ipp
     ctl = ipp.controller if ipp is not None else None
@@ -79,14 +75,19 @@ def controller_failure(cluster: Cluster) -> str | None:
 # -- the controller and its companions ---------------------------------------------------------
 
 
-async def start_services(cluster: Cluster) -> None:
+async def start_services(cluster) -> None:
     """The profile, ipyparallel's cluster, certificates, telemetry and the controller."""
     cluster._profile = make_profile()
     launcher = cluster._launcher
     ipp = launcher.make_ipp_cluster(cluster._profile, cluster.secure)
     if cluster.secure:
         cluster.pki = security.make_pki(
-            cluster.config, cluster._profile, ipp.cluster_id, launcher.certificate_hosts()
+            cluster._profile,
+            ipp.cluster_id,
+            cluster.nprocs,
+            launcher.certificate_hosts(),
+            cluster.ca_file,
+            cluster.cert_dir,
         )
     if cluster.telemetry_enabled:
         from ..telemetry.hub import TelemetryHub
@@ -101,7 +102,7 @@ async def start_services(cluster: Cluster) -> None:
 # -- registration ------------------------------------------------------------------------
 
 
-async def publish_engine_file(cluster: Cluster, deadline: float) -> None:
+async def publish_engine_file(cluster, deadline: float) -> None:
     """Copy the controller's engine connection file once it is complete.
 
     The controller creates that file empty and fills it afterwards, so an engine that only
@@ -131,12 +132,12 @@ async def publish_engine_file(cluster: Cluster, deadline: float) -> None:
     os.replace(tmp, dst)
 
 
-def engine_uuids(cluster: Cluster) -> set[str]:
+def engine_uuids(cluster) -> set[str]:
     """The uuids of every engine the hub knows now."""
     return set(_compat.engine_uuids(cluster.client).values())
 
 
-def _registration_problem(cluster: Cluster) -> str | None:
+def _registration_problem(cluster) -> str | None:
     problem = controller_failure(cluster)
     if problem:
         return problem
@@ -147,7 +148,7 @@ def _registration_problem(cluster: Cluster) -> str | None:
 
 
 async def wait_registered(
-    cluster: Cluster, deadline: float, exclude: set[str], n: int | None = None
+    cluster, deadline: float, exclude: set[str], n: int | None = None
 ) -> list[int]:
     """Wait for ``n`` (all) engines whose uuids are not in ``exclude``; return their ids."""
     n = cluster.nprocs if n is None else n
@@ -175,7 +176,7 @@ async def wait_registered(
 
 
 async def identify(
-    cluster: Cluster, engine_ids: list[int], expected: Sequence[int] | None = None
+    cluster, engine_ids: list[int], expected: Sequence[int] | None = None
 ) -> dict[int, dict]:
     """Ask the engines which rank each serves; returns their descriptions by rank."""
     ar = cluster.client[engine_ids].apply_async(bootstrap.describe_process)
@@ -198,7 +199,7 @@ async def identify(
 # -- JAX initialisation ---------------------------------------------------------------------
 
 
-def _coordinator(cluster: Cluster, ranks: Sequence[int]) -> str | None:
+def _coordinator(cluster, ranks: Sequence[int]) -> str | None:
     """Set ``cluster.coordinator_address``; return where process 0 binds it (None: it runs)."""
     if cluster._early_coordinator:
         cluster.coordinator_address = cluster._early_coordinator
@@ -213,7 +214,7 @@ def _coordinator(cluster: Cluster, ranks: Sequence[int]) -> str | None:
     return f"[::]:{port}"
 
 
-def _init_failure(cluster: Cluster, ars: dict, ranks: Sequence[int], deadline_s: float, since):
+def _init_failure(cluster, ars: dict, ranks: Sequence[int], deadline_s: float, since):
     """The error naming what each process did when initialisation failed or timed out."""
     errors = {r: ar.exception() for r, ar in ars.items() if ar.done() and ar.exception()}
     lines = []
@@ -234,7 +235,7 @@ def _init_failure(cluster: Cluster, ars: dict, ranks: Sequence[int], deadline_s:
     return ClusterStartError(head + ":\n" + "\n".join(lines))
 
 
-async def init_jax(cluster: Cluster, deadline_s: float, ranks: Sequence[int] | None = None):
+async def init_jax(cluster, deadline_s: float, ranks: Sequence[int] | None = None):
     """Run ``jax.distributed.initialize`` on ``ranks`` (all) and wait, at most
     ``deadline_s``, for every one of them; record their devices."""
     ranks = cluster.ranks if ranks is None else list(ranks)
@@ -287,7 +288,7 @@ async def init_jax(cluster: Cluster, deadline_s: float, ranks: Sequence[int] | N
 # -- all together ----------------------------------------------------------------------------
 
 
-async def bring_up_engines(cluster: Cluster, deadline: float, exclude: set[str]) -> None:
+async def bring_up_engines(cluster, deadline: float, exclude: set[str]) -> None:
     """Wait for the launched engines, identify them, initialise JAX, and make the view."""
     # On a restart the hub may still list the killed engines for a moment.
     engine_ids = await wait_registered(cluster, deadline, exclude)
@@ -297,7 +298,7 @@ async def bring_up_engines(cluster: Cluster, deadline: float, exclude: set[str])
     make_view(cluster)
 
 
-async def bring_up_rank(cluster: Cluster, rank: int, exclude: set[str]) -> None:
+async def bring_up_rank(cluster, rank: int, exclude: set[str]) -> None:
     """Wait for one relaunched rank to register, identify it, and let it join the world."""
     (eid,) = await wait_registered(
         cluster, time.monotonic() + cluster.register_timeout, exclude, n=1
@@ -308,7 +309,7 @@ async def bring_up_rank(cluster: Cluster, rank: int, exclude: set[str]) -> None:
     make_view(cluster)
 
 
-def make_view(cluster: Cluster) -> None:
+def make_view(cluster) -> None:
     """A blocking view over every rank's engine, in rank order."""
     cluster.view = cluster.client[[p.engine_id for p in cluster.processes]]
     cluster.view.block = True

@@ -463,13 +463,15 @@ class Cluster(AsyncFirst):
     @property
     def security(self) -> str:
         """One line saying how the cluster's links are protected."""
-        return security.describe(self.config)
+        return security.describe(self.secure, self.ca_file)
 
     @property
     def reports_refusals(self) -> bool:
         """Whether refused handshakes can be reported: mTLS, telemetry, and a gRPC
         verbosity (if the user chose one) at which its handshake trace is printed."""
-        return security.reports_refusals(self.config, self.pki)
+        return security.reports_refusals(
+            self.secure, self.pki, self.telemetry_enabled, self.config.user_env(0)
+        )
 
     def rotate_certs(self) -> list[int]:
         """Issue new certificates for every process in place, signed by the same CA.

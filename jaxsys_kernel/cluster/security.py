@@ -8,12 +8,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import contract
-
-if TYPE_CHECKING:
-    from .config import ClusterConfig
 
 # After a rotation, how often the served certificate is checked, and for how long: JAX 0.12
 # re-reads certificate files about every 10 minutes, so twice that means something is wrong.
@@ -23,31 +19,41 @@ ROTATION_GIVE_UP_S = 20 * 60.0
 _TRACE_VERBOSITIES = ("INFO", "DEBUG")
 
 
-def make_pki(config: ClusterConfig, profile: Path, cluster_id: str, hosts: list[str] | None):
+def make_pki(
+    profile: Path,
+    cluster_id: str,
+    nprocs: int,
+    hosts: list[str] | None,
+    ca_file: str | None = None,
+    cert_dir: str | None = None,
+):
     """The cluster's certificates: the user's CA and files, or a new per-cluster CA.
 
     Parameters
     ----------
-    config : ClusterConfig
     profile : Path
         The cluster's profile directory (a new CA goes into its ``pki`` folder).
     cluster_id : str
         Goes into every certificate's identity.
+    nprocs : int
+        Number of processes.
     hosts : list of str or None
         Each process's host, written into its certificate.
+    ca_file, cert_dir : str, optional
+        The user's CA and certificate directory, when they bring their own.
     """
     from .pki import ClusterPKI
 
-    if config.ca_file is not None:
-        return ClusterPKI.from_user(config.ca_file, config.cert_dir, cluster_id, config.nprocs)
-    return ClusterPKI.create(profile / "pki", cluster_id, config.nprocs, hosts)
+    if ca_file is not None:
+        return ClusterPKI.from_user(ca_file, cert_dir, cluster_id, nprocs)
+    return ClusterPKI.create(profile / "pki", cluster_id, nprocs, hosts)
 
 
-def describe(config: ClusterConfig) -> str:
-    """One line saying how the cluster's links are protected."""
-    if not config.secure:
+def describe(secure: bool, ca_file: str | None) -> str:
+    """One line saying how a cluster's links are protected."""
+    if not secure:
         return "INSECURE: no mTLS on the coordination service, no CurveZMQ on the control channel"
-    origin = "your CA" if config.ca_file else "a per-cluster CA"
+    origin = "your CA" if ca_file else "a per-cluster CA"
     return f"mTLS on the coordination service ({origin}), CurveZMQ on the control channel"
 
 
@@ -72,14 +78,15 @@ def handshake_trace_env(user_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def reports_refusals(config: ClusterConfig, pki) -> bool:
+def reports_refusals(secure: bool, pki, telemetry: bool, user_env0: Mapping[str, str]) -> bool:
     """Whether refused handshakes can be reported: mTLS, telemetry, and a gRPC verbosity
-    (if the user chose one) at which its handshake trace is printed."""
-    if pki is None and not config.secure:
+    (if the user chose one, in process 0's environment ``user_env0``) at which its
+    handshake trace is printed."""
+    if pki is None and not secure:
         return False
-    if not config.telemetry:
+    if not telemetry:
         return False
-    return config.user_env(0).get("GRPC_VERBOSITY", "INFO").upper() in _TRACE_VERBOSITIES
+    return user_env0.get("GRPC_VERBOSITY", "INFO").upper() in _TRACE_VERBOSITIES
 
 
 def refusals_since(records: list, t: float) -> list[str]:

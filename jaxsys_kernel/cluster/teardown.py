@@ -16,13 +16,9 @@ import signal
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from .. import _compat
 from .profile import controller_file, remove_profile
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
 
 # After a kill, how long teardown waits for the local processes to be gone.
 KILL_WAIT_S = 3.0
@@ -118,7 +114,7 @@ def disown_output(launchers: Iterable) -> None:
         launcher.output_file = ""
 
 
-def census(cluster: Cluster) -> list[int]:
+def census(cluster) -> list[int]:
     """Every pid on this machine the cluster may have started: launchers, engines, nannies."""
     pids: set[int] = set()
     ipp, launcher = cluster._ipp, cluster._launcher
@@ -139,7 +135,7 @@ def census(cluster: Cluster) -> list[int]:
 # -- teardown ------------------------------------------------------------------------------
 
 
-def kill(cluster: Cluster) -> float:
+def kill(cluster) -> float:
     """Tear the cluster down at once (see :meth:`Cluster.kill`); returns the seconds taken."""
     t0 = time.perf_counter()
     cluster._rotation.stop()
@@ -176,7 +172,7 @@ def kill(cluster: Cluster) -> float:
     return time.perf_counter() - t0
 
 
-async def kill_world(cluster: Cluster) -> None:
+async def kill_world(cluster) -> None:
     """For a world restart: kill every engine, keep the controller, and free the engine ids."""
     launcher, ipp = cluster._launcher, cluster._ipp
     old_sets = set(launcher.engine_sets.values())
@@ -191,7 +187,7 @@ async def kill_world(cluster: Cluster) -> None:
     await unregister(cluster, old_ids)
 
 
-async def unregister(cluster: Cluster, engine_ids: set[int]) -> None:
+async def unregister(cluster, engine_ids: set[int]) -> None:
     """Tell the hub that these engines are gone, as a nanny would, and wait (bounded) until
     it has dropped them, so their ids are free for new processes."""
     client = cluster.client
@@ -201,7 +197,7 @@ async def unregister(cluster: Cluster, engine_ids: set[int]) -> None:
         await asyncio.sleep(0.02)
 
 
-def send_unregistration(cluster: Cluster, engine_ids: set[int]) -> None:
+def send_unregistration(cluster, engine_ids: set[int]) -> None:
     """Send the hub an ``unregistration_request`` for each engine, over its registration
     socket (with CurveZMQ when the controller uses it)."""
     import zmq
@@ -231,10 +227,10 @@ def send_unregistration(cluster: Cluster, engine_ids: set[int]) -> None:
 
 # -- clean-up at exit ----------------------------------------------------------------------
 
-_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_live_clusters: weakref.WeakSet = weakref.WeakSet()
 
 
-def track(cluster: Cluster) -> None:
+def track(cluster) -> None:
     """Kill ``cluster`` at interpreter exit if it is still up then."""
     _live_clusters.add(cluster)
 

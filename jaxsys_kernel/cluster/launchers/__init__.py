@@ -6,7 +6,6 @@ Nothing else in the package asks which kind a cluster uses: it asks its launcher
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from .base import (
     HEARTBEAT_MISSES,
@@ -20,9 +19,6 @@ from .base import (
 )
 from .local import LocalLauncher
 from .remote import SSH_HEARTBEAT_MISSES, MpiLauncher, SlurmLauncher, SshLauncher
-
-if TYPE_CHECKING:
-    from ..config import ClusterConfig
 
 __all__ = [
     "HEARTBEAT_MISSES",
@@ -50,8 +46,8 @@ LAUNCHER_CLASSES: Mapping[str, type[Launcher]] = {
 LAUNCHERS = tuple(LAUNCHER_CLASSES)
 
 
-def make_launcher(config: ClusterConfig) -> Launcher:
-    """The launcher a (validated) configuration asks for."""
+def make_launcher(config) -> Launcher:
+    """The launcher a validated :class:`~jaxsys_kernel.cluster.config.ClusterConfig` asks for."""
     return LAUNCHER_CLASSES[config.launcher](config)
 
 

@@ -22,7 +22,6 @@ from ..security import handshake_trace_env
 from ..teardown import killpg_all, launcher_pids, pid_alive, wait_gone
 
 if TYPE_CHECKING:
-    from ..config import ClusterConfig
     from ..records import ProcessInfo
 
 log = logging.getLogger("jaxsys.cluster")
@@ -142,7 +141,7 @@ class Launcher:
     #: With no ``controller_ip``, everything listens on loopback.
     loopback_only: ClassVar[bool] = False
 
-    def __init__(self, config: ClusterConfig):
+    def __init__(self, config):
         self.config = config
         self.ipp = None
         self.engine_sets: dict[int, str] = {}
