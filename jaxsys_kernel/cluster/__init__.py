@@ -1,5 +1,20 @@
-"""Cluster lifecycle: launch, JAX bootstrap, restart and teardown."""
+"""Cluster lifecycle: options, launchers, bring-up with the JAX bootstrap, restart, teardown
+and security."""
 
-from .cluster import Cluster, ClusterError, ClusterStartError, ProcessInfo, ProgressEvent
+from .cluster import (
+    Cluster,
+    ClusterConfig,
+    ClusterError,
+    ClusterStartError,
+    ProcessInfo,
+    ProgressEvent,
+)
 
-__all__ = ["Cluster", "ClusterError", "ClusterStartError", "ProcessInfo", "ProgressEvent"]
+__all__ = [
+    "Cluster",
+    "ClusterConfig",
+    "ClusterError",
+    "ClusterStartError",
+    "ProcessInfo",
+    "ProgressEvent",
+]
