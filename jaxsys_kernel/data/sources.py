@@ -13,6 +13,7 @@ to agree on which records form a global batch: the per-replica batches are indep
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +40,14 @@ class ArraySource:
         The rows of one or more global batches.
     name : str
         What to call the source in errors.
+    mapping : mmap.mmap, optional
+        The map behind ``array`` when this module opened the file (:func:`open_npy`):
+        reads then tell the kernel exactly which pages they need.
     """
 
     array: np.ndarray
     name: str
+    mapping: mmap.mmap | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -69,9 +74,11 @@ class ArraySource:
         return want
 
     def read(self, slices: tuple[slice, ...]) -> np.ndarray:
-        """The elements of one slice, as a plain ndarray (a view: the copy happens once,
-        when the slice goes to its devices)."""
-        return np.asarray(self.array[slices])
+        """The elements of one slice, copied into this process's memory, read-only."""
+        view = self.array[slices]
+        if self.mapping is not None and view.size:
+            _will_need(self.mapping, self.array, view)
+        return _owned(view)
 
     def check_rows(self, rows: int, step: int) -> int:
         """The row of the source where batch ``step`` starts.
@@ -92,7 +99,41 @@ class ArraySource:
         return start
 
 
-def open_npy(path: str | os.PathLike) -> np.memmap:
+def _owned(values: Any) -> np.ndarray:
+    """A private, read-only copy.
+
+    On CPU, JAX aliases read-only host buffers instead of copying them. A view of a
+    read-only memory map would then be read lazily, whenever a computation touches it, and
+    would change if the file did; a private copy is read now, once, and marking it
+    read-only lets the devices take it without a second copy.
+    """
+    out = np.array(values, copy=True, order="C")
+    out.flags.writeable = False
+    return out
+
+
+def _will_need(mapping: mmap.mmap, array: np.ndarray, view: np.ndarray) -> None:
+    """Ask the kernel to read exactly the pages under ``view`` (a slice of ``array``).
+
+    The map was opened with ``MADV_RANDOM``, so faults do not read ahead into rows that
+    other processes load; this brings in the slice's own pages in large requests.
+    """
+    base = array.__array_interface__["data"][0] - _address(mapping)
+    first = view.__array_interface__["data"][0] - array.__array_interface__["data"][0]
+    # The byte span from the slice's first element to its last; for a slice of whole rows
+    # that is exactly the slice, otherwise it also covers the gaps between its runs.
+    last = first + sum((n - 1) * st for n, st in zip(view.shape, view.strides, strict=True))
+    start = (base + first) // mmap.PAGESIZE * mmap.PAGESIZE
+    stop = base + last + view.itemsize
+    mapping.madvise(mmap.MADV_WILLNEED, start, stop - start)
+
+
+def _address(mapping: mmap.mmap) -> int:
+    """Where a read-only map starts in memory."""
+    return np.frombuffer(mapping, dtype=np.uint8, count=0).__array_interface__["data"][0]
+
+
+def open_npy(path: str | os.PathLike) -> np.ndarray:
     """Open a ``.npy`` file as a read-only memory map (nothing is read but the header).
 
     Raises
@@ -100,10 +141,23 @@ def open_npy(path: str | os.PathLike) -> np.memmap:
     ValueError
         If the file is not a single ``.npy`` array (e.g. an ``.npz`` archive).
     """
-    arr = np.load(os.fspath(path), mmap_mode="r", allow_pickle=False)
-    if not isinstance(arr, np.ndarray):
-        raise ValueError(f"{os.fspath(path)} is not a .npy array file; save one with np.save")
-    return arr
+    return _open_npy(path)[0]
+
+
+def _open_npy(path: str | os.PathLike) -> tuple[np.ndarray, mmap.mmap]:
+    name = os.fspath(path)
+    header = np.load(name, mmap_mode="r", allow_pickle=False)
+    if not isinstance(header, np.memmap):
+        raise ValueError(f"{name} is not a .npy array file; save one with np.save")
+    order = "F" if header.flags.f_contiguous and not header.flags.c_contiguous else "C"
+    shape, dtype, offset = header.shape, header.dtype, int(header.offset)
+    del header
+    with open(name, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # Readahead would pull in the rows after a slice, which belong to other processes.
+    mapping.madvise(mmap.MADV_RANDOM)
+    array = np.ndarray(shape, dtype, buffer=mapping, offset=offset, order=order)
+    return array, mapping
 
 
 @dataclass
@@ -178,7 +232,9 @@ class GrainSource:
                 f"the dataset's share for shard {opts.shard_index} of {opts.shard_count} has "
                 f"{len(share)} records; batch {step} needs records {start}:{start + per_process}"
             )
-        return np.stack([np.asarray(share[i]) for i in range(start, start + per_process)])
+        rows = np.stack([np.asarray(share[i]) for i in range(start, start + per_process)])
+        rows.flags.writeable = False  # a private copy: the devices may take it as is
+        return rows
 
 
 def open_source(source: Any) -> ArraySource | GrainSource:
@@ -190,7 +246,8 @@ def open_source(source: Any) -> ArraySource | GrainSource:
         For anything that is not an array, a ``.npy`` path or a Grain dataset.
     """
     if isinstance(source, str | os.PathLike):
-        return ArraySource(open_npy(source), os.fspath(source))
+        array, mapping = _open_npy(source)
+        return ArraySource(array, os.fspath(source), mapping)
     if isinstance(source, np.ndarray):
         kind = "memmap" if isinstance(source, np.memmap) else "array"
         return ArraySource(source, f"the {kind}")
