@@ -105,4 +105,5 @@ def load_ipython_extension(ipython):
 
 
 def _jupyter_labextension_paths():
-    return []
+    # Read by `jupyter labextension develop` only; installs get the extension as shared-data.
+    return [{"src": "../labextension/prebuilt", "dest": "jaxsys"}]

@@ -9,6 +9,7 @@ from ipykernel.ipkernel import IPythonKernel
 from .. import _compat
 from .._version import __version__
 from ..magics import register_magics
+from .comm import ClusterComms
 
 
 class JaxSysKernel(IPythonKernel):
@@ -31,6 +32,9 @@ class JaxSysKernel(IPythonKernel):
         self.jaxsys = register_magics(self.shell)
         self.jaxsys.control_subshell = self.control_subshell
         self._control_subshell: str | None = None
+        # The JupyterLab extension's status bar and sidebar talk to the kernel over this.
+        self.jaxsys_comms = ClusterComms(self.jaxsys, self.control_subshell)
+        self.jaxsys_comms.register(self)
 
     def control_subshell(self) -> str | None:
         """The id of a subshell that serves widget controls while a cell blocks the shell.
@@ -56,6 +60,7 @@ class JaxSysKernel(IPythonKernel):
 
     async def do_shutdown(self, restart):
         """Kill the cluster, then shut down as IPython does."""
+        self.jaxsys_comms.close()
         self.jaxsys.shutdown()
         return super().do_shutdown(restart)
 

@@ -1,0 +1,371 @@
+"""The ``jaxsys`` comm: the cluster's state for the JupyterLab extension, and its commands.
+
+The front end (``labextension/``) opens one comm with target :data:`TARGET` per kernel. The
+kernel pushes the state of its cluster over it (from the telemetry hub's subscription, at
+most :data:`MAX_RATE` times a second, and after every cell and command); the front end
+sends commands back. The schema, version :data:`SCHEMA_VERSION`, is JSON both ways:
+
+front end -> kernel
+    ``{"type": "command", "action": ACTION, "rank": int | null, "id": str}``: one of
+    :data:`ACTIONS`. The dashboard's control buttons send the same ``{"action", "rank"}``
+    pair (as widget custom messages), and both are carried out by
+    :meth:`MultihostSession.control <jaxsys_kernel.magics.session.MultihostSession.control>`
+    where their actions overlap. ``{"type": "refresh"}`` asks for the state.
+kernel -> front end
+    ``{"type": "state", "v": 1, "state": STATE}`` (see :func:`cluster_state`) and
+    ``{"type": "reply", "id": str, "action": ACTION, "ok": bool, "message": str,
+    "log": [str]}`` once a command is done.
+
+Commands are served on the kernel's control subshell, like the dashboard's buttons, so
+they work while a cell blocks the shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from .. import _compat
+from .._version import __version__
+
+TARGET = "jaxsys"
+SCHEMA_VERSION = 1
+
+#: Actions shared with the dashboard's controls (carried out by ``session.control``).
+CONTROL_ACTIONS = ("stop", "stacks", "kill", "restart", "restart-world")
+#: Every action the comm accepts: start and stop the cluster, and the shared ones.
+ACTIONS = ("start", "stop-cluster", *CONTROL_ACTIONS)
+#: Actions that name one process.
+RANK_ACTIONS = ("kill", "restart")
+
+#: Most state pushes a second from telemetry (cells and commands push at once).
+MAX_RATE = 4.0
+#: Seconds ``stop-cluster`` waits for an interrupted cell to end before stopping anyway.
+STOP_WAIT = 30.0
+
+# Liveness states that put the status bar into its warning state.
+WARNING_STATES = ("dead", "stuck")
+
+
+class CommandError(ValueError):
+    """A command message that names no known action or process."""
+
+
+def parse_command(data: Any) -> tuple[str, int | None, str]:
+    """Check a command message; returns ``(action, rank, id)``.
+
+    Parameters
+    ----------
+    data : dict
+        ``{"action": ..., "rank": ..., "id": ...}``; ``type`` may be ``"command"`` or absent
+        (a dashboard control message).
+
+    Raises
+    ------
+    CommandError
+        Naming what was wrong: an unknown action, or a rank that is missing or not a
+        whole number.
+    """
+    if not isinstance(data, dict):
+        raise CommandError(f"a command is a JSON object, got {type(data).__name__}")
+    action = data.get("action")
+    if action not in ACTIONS:
+        raise CommandError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
+    rank = data.get("rank")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise CommandError(f"{action}: rank must be a process number, got {rank!r}")
+    if action in RANK_ACTIONS and rank is None:
+        raise CommandError(f'{action} needs a process: add "rank": N')
+    return action, rank, str(data.get("id", ""))
+
+
+def _process_rows(cluster, lives: dict) -> list[dict]:
+    rows = []
+    for p in cluster.processes:
+        live = lives.get(p.rank)
+        if live is not None:
+            state, age, busy = live.state, live.heartbeat_age, live.busy
+        else:
+            # No telemetry: the cluster's own view is all there is.
+            state, age, busy = ("alive" if p.state == "ready" else p.state), None, False
+        rows.append(
+            {
+                "rank": p.rank,
+                "host": p.host,
+                "pid": p.pid,
+                "devices": list(p.devices),
+                "state": state,
+                "heartbeat_age": age,
+                "busy": busy,
+            }
+        )
+    return rows
+
+
+def _cache_summary(hub) -> dict | None:
+    if hub is None:
+        return None
+    stats = hub.cache_stats()
+    total = {
+        key: sum(getattr(s, key) for s in stats)
+        for key in ("requests", "hits", "compiles", "entries", "bytes")
+    }
+    total["time_saved"] = sum(s.time_saved for s in stats)
+    total["compile_time"] = sum(s.compile_time for s in stats)
+    total["hit_rate"] = total["hits"] / total["requests"] if total["requests"] else None
+    return total
+
+
+def cluster_state(session, *, cell_running: bool = False) -> dict:
+    """The state the front end draws: the cluster, its processes, cache and security.
+
+    Parameters
+    ----------
+    session : MultihostSession
+        The kernel's session.
+    cell_running : bool
+        Whether a cell is running in the kernel now.
+
+    Returns
+    -------
+    dict
+        ``kernel`` (pid, version), ``cell_running`` and ``cluster``: None when no cluster
+        runs, else ``state`` (``starting``, ``ready``, ``restarting``), ``nprocs``,
+        ``alive``, ``devices``, ``live_devices``, ``warning`` (a process is dead or stuck),
+        ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy), ``cache``
+        (totals and ``hit_rate``, None without telemetry), ``security`` and
+        ``heartbeat_timeout``.
+    """
+    out = {
+        "kernel": {"pid": os.getpid(), "version": __version__},
+        "cell_running": cell_running,
+        "time": time.time(),
+        "cluster": None,
+    }
+    cluster = session.cluster
+    if cluster is None or cluster.state == "stopped":
+        return out
+    cluster.refresh_states()
+    hub = cluster.telemetry
+    lives = {}
+    if hub is not None and cluster.processes:
+        states = {p.rank: p.state for p in cluster.processes}
+        lives = {live.rank: live for live in hub.liveness(states)}
+    rows = _process_rows(cluster, lives)
+    alive = [r for r in rows if r["state"] == "alive"]
+    out["cluster"] = {
+        "state": cluster.state,
+        "nprocs": cluster.nprocs,
+        "alive": len(alive),
+        "devices": sum(len(r["devices"]) for r in rows),
+        "live_devices": sum(len(r["devices"]) for r in alive),
+        "warning": any(r["state"] in WARNING_STATES for r in rows),
+        "processes": rows,
+        "cache": _cache_summary(hub),
+        "security": cluster.security,
+        "heartbeat_timeout": cluster.heartbeat_timeout,
+    }
+    return out
+
+
+class _ControlReport:
+    """Collects what ``session.control`` says (it talks to a view; this is one)."""
+
+    def __init__(self) -> None:
+        self.control_status = ""
+        self.log: list[str] = []
+
+    def update(self, append=()) -> None:
+        self.log.extend(append)
+
+
+class ClusterComms:
+    """Serves the ``jaxsys`` comms of one kernel: state pushes and commands.
+
+    Parameters
+    ----------
+    session : MultihostSession
+        The kernel's session (its cluster and controls).
+    control_subshell : callable
+        Returns the id of the subshell that serves commands (None without subshells).
+    max_rate : float
+        Most pushes a second from the telemetry subscription.
+    """
+
+    def __init__(self, session, control_subshell=lambda: None, max_rate: float = MAX_RATE):
+        self.session = session
+        self.control_subshell = control_subshell
+        self.max_rate = max_rate
+        self.comms: list = []
+        self._lock = threading.RLock()
+        self._hub = None
+        self._unsubscribe = None
+        self._cell_done = threading.Event()
+        self._cell_done.set()
+
+    # -- registration ---------------------------------------------------------------------
+
+    def register(self, kernel) -> None:
+        """Register the comm target and the cell hooks on ``kernel``."""
+        kernel.comm_manager.register_target(TARGET, self.on_open)
+        events = kernel.shell.events
+        events.register("pre_run_cell", self._pre_run_cell)
+        events.register("post_run_cell", self._post_run_cell)
+
+    @property
+    def cell_running(self) -> bool:
+        """Whether a cell runs in the kernel's main shell now."""
+        return not self._cell_done.is_set()
+
+    def _pre_run_cell(self, *_args) -> None:
+        self._cell_done.clear()
+        self.push()
+
+    def _post_run_cell(self, *_args) -> None:
+        self._cell_done.set()
+        self.push()
+
+    # -- comms ----------------------------------------------------------------------------
+
+    def on_open(self, comm, _open_msg=None) -> None:
+        """Take a comm the front end opened: serve it and send it the state."""
+        subshell = self.control_subshell()
+        if subshell is not None:
+            _compat.route_comm_to_subshell(comm, subshell)
+        comm.on_msg(self.on_msg)
+        comm.on_close(lambda _msg, comm=comm: self._closed(comm))
+        with self._lock:
+            self.comms.append(comm)
+        self.push()
+
+    def _closed(self, comm) -> None:
+        with self._lock:
+            if comm in self.comms:
+                self.comms.remove(comm)
+            if not self.comms:
+                self._subscribe(None)
+
+    def on_msg(self, msg: dict) -> None:
+        """Handle one message from the front end (on the control subshell)."""
+        data = msg.get("content", {}).get("data", {})
+        if isinstance(data, dict) and data.get("type") == "refresh":
+            self.push()
+            return
+        try:
+            action, rank, request = parse_command(data)
+        except CommandError as e:
+            action = data.get("action") if isinstance(data, dict) else None
+            request = str(data.get("id", "")) if isinstance(data, dict) else ""
+            self._send(
+                {
+                    "type": "reply",
+                    "id": request,
+                    "action": action,
+                    "ok": False,
+                    "message": str(e),
+                    "log": [],
+                }
+            )
+            return
+        ok, message, log = self.run(action, rank)
+        self._send(
+            {
+                "type": "reply",
+                "id": request,
+                "action": action,
+                "ok": ok,
+                "message": message,
+                "log": log,
+            }
+        )
+        self.push()
+
+    # -- commands -------------------------------------------------------------------------
+
+    def run(self, action: str, rank: int | None) -> tuple[bool, str, list[str]]:
+        """Carry out one action; returns ``(ok, message, log lines)``."""
+        if action == "start":
+            return self._start()
+        if action == "stop-cluster":
+            return self._stop_cluster()
+        report = _ControlReport()
+        self.session.control(report, action, rank)
+        failed = report.control_status.startswith(f"{action} failed") or (
+            report.control_status in ("no cluster is running",)
+        )
+        return not failed, report.control_status, report.log
+
+    def _start(self) -> tuple[bool, str, list[str]]:
+        try:
+            # Pushes while the cluster comes up show it starting.
+            cluster = self.session.start()
+        except UsageError as e:
+            return False, str(e), []
+        except Exception as e:  # noqa: BLE001 - a failed start is reported in the sidebar
+            return False, f"start failed: {e}", []
+        return True, f"{cluster.nprocs} processes ready in {cluster.ready_seconds:.1f} s", []
+
+    def _stop_cluster(self) -> tuple[bool, str, list[str]]:
+        log = []
+        if self.cell_running:
+            # A cell waiting on the engines would wait forever once they are gone: interrupt
+            # it as the kernel's stop button does, and let it end before the teardown.
+            os.kill(os.getpid(), signal.SIGINT)
+            ended = self._cell_done.wait(STOP_WAIT)
+            log.append(
+                "interrupted the running cell"
+                if ended
+                else f"the running cell did not end within {STOP_WAIT:g} s of SIGINT"
+            )
+        took = self.session.stop()
+        if took is None:
+            return False, "no cluster is running", log
+        return True, f"cluster stopped in {took:.1f} s", log
+
+    # -- state ----------------------------------------------------------------------------
+
+    def push(self) -> None:
+        """Send the current state to every open comm (and follow the current hub)."""
+        with self._lock:
+            if not self.comms:
+                return
+            cluster = self.session.cluster
+            self._subscribe(None if cluster is None else cluster.telemetry)
+        try:
+            state = cluster_state(self.session, cell_running=self.cell_running)
+        except Exception as e:  # noqa: BLE001 - a broken state must not break cells or telemetry
+            state = {
+                "kernel": {"pid": os.getpid(), "version": __version__},
+                "error": str(e),
+                "cell_running": self.cell_running,
+                "cluster": None,
+            }
+        self._send({"type": "state", "v": SCHEMA_VERSION, "state": state})
+
+    def _subscribe(self, hub) -> None:
+        with self._lock:
+            if hub is self._hub:
+                return
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+            self._hub, self._unsubscribe = hub, None
+            if hub is not None:
+                self._unsubscribe = hub.subscribe(lambda _h: self.push(), max_rate=self.max_rate)
+
+    def _send(self, data: dict) -> None:
+        with self._lock:
+            comms = list(self.comms)
+        for comm in comms:
+            # A comm the front end closed in the meantime is dropped on its close message.
+            with contextlib.suppress(Exception):
+                comm.send(data)
+
+    def close(self) -> None:
+        """Stop following telemetry (the kernel is shutting down)."""
+        self._subscribe(None)

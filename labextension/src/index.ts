@@ -1,0 +1,151 @@
+import {
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { IEditorLanguageRegistry } from '@jupyterlab/codemirror';
+import { IMainMenu } from '@jupyterlab/mainmenu';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+
+import { installIPythonMagics } from './highlight';
+import { JaxsysModel } from './model';
+import { Action } from './protocol';
+import { JaxsysSidebar } from './sidebar';
+import { JaxsysStatus } from './status';
+
+/** The command ids. */
+export namespace CommandIDs {
+  export const startCluster = 'jaxsys:start-cluster';
+  export const stopCluster = 'jaxsys:stop-cluster';
+  export const restartWorld = 'jaxsys:restart-world';
+  export const dumpStacks = 'jaxsys:dump-stacks';
+  export const openSidebar = 'jaxsys:open-sidebar';
+}
+
+/** The DOM id of the status item. */
+export const STATUS_ID = 'jaxsys-status';
+
+function addCommands(
+  app: JupyterFrontEnd,
+  model: JaxsysModel,
+  sidebar: JaxsysSidebar
+): void {
+  const open = (): void => {
+    if (!sidebar.isAttached) {
+      app.shell.add(sidebar, 'left', { rank: 900 });
+    }
+    app.shell.activateById(sidebar.id);
+  };
+  app.commands.addCommand(CommandIDs.openSidebar, {
+    label: 'jaxsys: Open the Cluster Sidebar',
+    caption: 'Processes, devices, cache and controls of the notebook’s cluster',
+    execute: open
+  });
+  const cluster = () => model.state?.cluster ?? null;
+  const ready = () => model.link?.connected === true && cluster()?.state === 'ready';
+  const actions: [string, Action, string, () => boolean][] = [
+    [
+      CommandIDs.startCluster,
+      'start',
+      'jaxsys: Start the Cluster',
+      () => model.link?.connected === true && !cluster()
+    ],
+    [
+      CommandIDs.stopCluster,
+      'stop-cluster',
+      'jaxsys: Stop the Cluster',
+      () => model.link?.connected === true && !!cluster()
+    ],
+    [CommandIDs.restartWorld, 'restart-world', 'jaxsys: Restart the JAX World', ready],
+    [CommandIDs.dumpStacks, 'stacks', 'jaxsys: Dump the Stacks of Every Process', ready]
+  ];
+  for (const [id, action, label, isEnabled] of actions) {
+    app.commands.addCommand(id, {
+      label,
+      isEnabled,
+      execute: async () => {
+        // The answer (and for stacks, the frames) shows in the sidebar.
+        open();
+        return sidebar.run(action);
+      }
+    });
+  }
+  model.changed.connect(() => app.commands.notifyCommandChanged());
+}
+
+/** Where the status item goes when the shell has no status bar (Notebook 7). */
+function addToToolbars(
+  tracker: INotebookTracker,
+  model: JaxsysModel,
+  onClick: () => void
+): void {
+  const add = (panel: NotebookPanel) => {
+    const item = new JaxsysStatus(model, onClick);
+    // Ids are unique: only the first toolbar item gets it (Notebook 7 shows one notebook).
+    if (!document.getElementById(STATUS_ID)) {
+      item.id = STATUS_ID;
+    }
+    panel.toolbar.insertItem(10, 'jaxsys-status', item);
+  };
+  tracker.forEach(add);
+  tracker.widgetAdded.connect((_, panel) => add(panel));
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jaxsys:plugin',
+  description: 'The jaxsys cluster in the status bar and a sidebar, and its commands.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [IStatusBar, ICommandPalette, IMainMenu, IEditorLanguageRegistry],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    mainMenu: IMainMenu | null,
+    languages: IEditorLanguageRegistry | null
+  ) => {
+    if (languages) {
+      installIPythonMagics(languages);
+    }
+    const model = new JaxsysModel(tracker);
+    const sidebar = new JaxsysSidebar(model);
+    app.shell.add(sidebar, 'left', { rank: 900 });
+    addCommands(app, model, sidebar);
+    const openSidebar = () => void app.commands.execute(CommandIDs.openSidebar);
+    if (statusBar) {
+      const item = new JaxsysStatus(model, openSidebar);
+      item.id = STATUS_ID;
+      statusBar.registerStatusItem('jaxsys:status', {
+        item,
+        align: 'left',
+        rank: 5,
+        isActive: () => model.active,
+        activeStateChanged: model.activeChanged
+      });
+    } else {
+      addToToolbars(tracker, model, openSidebar);
+    }
+    const ids = [
+      CommandIDs.startCluster,
+      CommandIDs.stopCluster,
+      CommandIDs.restartWorld,
+      CommandIDs.dumpStacks,
+      CommandIDs.openSidebar
+    ];
+    if (palette) {
+      for (const command of ids) {
+        palette.addItem({ command, category: 'jaxsys' });
+      }
+    }
+    if (mainMenu) {
+      mainMenu.kernelMenu.addGroup(
+        ids.map(command => ({ command })),
+        100
+      );
+    }
+  }
+};
+
+export default plugin;

@@ -1,0 +1,163 @@
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { KernelLink } from './link';
+import { Action, IReply, IState } from './protocol';
+
+/**
+ * The jaxsys kernel of the current notebook, for the status item, sidebar and commands.
+ *
+ * Follows the notebook tracker (the last notebook that had focus) and that notebook's
+ * kernel changes; keeps one {@link KernelLink} per kernel connection.
+ */
+export class JaxsysModel {
+  constructor(private _tracker: INotebookTracker) {
+    _tracker.currentChanged.connect(this._onCurrent, this);
+    this._onCurrent();
+  }
+
+  /** The link of the current notebook's kernel, if it has one. */
+  get link(): KernelLink | null {
+    return this._link;
+  }
+
+  /** Whether the current notebook runs a jaxsys kernel. */
+  get active(): boolean {
+    return this._link?.isJaxsys === true;
+  }
+
+  /** The latest state of the current kernel, or null. */
+  get state(): IState | null {
+    return this._link?.state ?? null;
+  }
+
+  /** Emitted when the current link changes or pushes a state. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Emitted when {@link active} may have changed. */
+  get activeChanged(): ISignal<this, void> {
+    return this._activeChanged;
+  }
+
+  /** Emitted with every reply of the current kernel. */
+  get replied(): ISignal<this, IReply> {
+    return this._replied;
+  }
+
+  /** Send a command to the current kernel. */
+  command(action: Action, rank: number | null = null): Promise<IReply> {
+    if (!this._link) {
+      return Promise.reject(new Error('no notebook with a jaxsys kernel'));
+    }
+    return this._link.command(action, rank);
+  }
+
+  private _onCurrent(): void {
+    const panel = this._tracker.currentWidget;
+    if (panel === this._panel) {
+      return;
+    }
+    if (this._panel) {
+      this._panel.sessionContext.kernelChanged.disconnect(this._onKernel, this);
+    }
+    this._panel = panel;
+    if (panel) {
+      panel.sessionContext.kernelChanged.connect(this._onKernel, this);
+    }
+    this._onKernel();
+  }
+
+  private _onKernel(): void {
+    const kernel = this._panel?.sessionContext.session?.kernel ?? null;
+    this._setLink(kernel ? this._linkFor(kernel) : null);
+  }
+
+  private _linkFor(kernel: Kernel.IKernelConnection): KernelLink {
+    let link = this._links.get(kernel);
+    if (!link || link.isDisposed) {
+      link = new KernelLink(kernel);
+      this._links.set(kernel, link);
+      kernel.disposed.connect(() => this._links.delete(kernel));
+    }
+    return link;
+  }
+
+  private _setLink(link: KernelLink | null): void {
+    if (link === this._link) {
+      return;
+    }
+    if (this._link) {
+      this._link.changed.disconnect(this._onLinkChanged, this);
+      this._link.replied.disconnect(this._onReply, this);
+    }
+    this._link = link;
+    if (link) {
+      link.changed.connect(this._onLinkChanged, this);
+      link.replied.connect(this._onReply, this);
+    }
+    this._onLinkChanged();
+  }
+
+  private _onLinkChanged(): void {
+    const active = this.active;
+    if (active !== this._wasActive) {
+      this._wasActive = active;
+      this._activeChanged.emit();
+    }
+    this._changed.emit();
+  }
+
+  private _onReply(_: KernelLink, reply: IReply): void {
+    this._replied.emit(reply);
+  }
+
+  private _panel: NotebookPanel | null = null;
+  private _link: KernelLink | null = null;
+  private _wasActive = false;
+  private _links = new Map<Kernel.IKernelConnection, KernelLink>();
+  private _changed = new Signal<this, void>(this);
+  private _activeChanged = new Signal<this, void>(this);
+  private _replied = new Signal<this, IReply>(this);
+}
+
+/** A short human form of a duration in seconds. */
+export function formatSeconds(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined) {
+    return '-';
+  }
+  return seconds < 10 ? `${seconds.toFixed(1)} s` : `${Math.round(seconds)} s`;
+}
+
+/** A cache hit rate as a percentage, or a dash before any request. */
+export function formatRate(rate: number | null | undefined): string {
+  return rate === null || rate === undefined ? '-' : `${Math.round(rate * 100)}%`;
+}
+
+/** The one-line summary of a state shown in the status item. */
+export function summary(state: IState | null): {
+  text: string;
+  kind: 'disconnected' | 'none' | 'starting' | 'ok' | 'warning';
+  title: string;
+} {
+  if (!state) {
+    return { text: 'jaxsys …', kind: 'disconnected', title: 'connecting to the kernel' };
+  }
+  const c = state.cluster;
+  if (!c) {
+    return { text: 'jaxsys: no cluster', kind: 'none', title: 'no cluster is running' };
+  }
+  if (c.state !== 'ready') {
+    return { text: `jaxsys: ${c.state}…`, kind: 'starting', title: `the cluster is ${c.state}` };
+  }
+  const bad = c.processes.filter(p => p.state === 'dead' || p.state === 'stuck');
+  const text =
+    `${c.warning ? '⚠ ' : ''}jaxsys ${c.alive}/${c.nprocs} · ${c.live_devices} devices` +
+    ` · cache ${formatRate(c.cache?.hit_rate)}`;
+  const title = c.warning
+    ? bad.map(p => `p${p.rank} ${p.state}`).join(', ')
+    : `${c.alive} of ${c.nprocs} processes alive; click for the jaxsys sidebar`;
+  return { text, kind: c.warning ? 'warning' : 'ok', title };
+}

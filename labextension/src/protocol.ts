@@ -1,0 +1,86 @@
+/**
+ * The messages of the `jaxsys` comm (schema version 1), as the kernel defines them in
+ * `jaxsys_kernel/kernel/comm.py`. The dashboard's control buttons send the same
+ * `{action, rank}` commands.
+ */
+
+/** The comm target the kernel registers. */
+export const COMM_TARGET = 'jaxsys';
+
+/** The schema version this front end reads. */
+export const SCHEMA_VERSION = 1;
+
+/** Every command the kernel accepts. */
+export type Action =
+  | 'start'
+  | 'stop-cluster'
+  | 'stop'
+  | 'stacks'
+  | 'kill'
+  | 'restart'
+  | 'restart-world';
+
+/** One process, as the kernel sees it. */
+export interface IProcess {
+  rank: number;
+  host: string;
+  pid: number | null;
+  devices: number[];
+  /** `alive`, `stuck`, `dead`, `restarting`, `starting` or `unknown`. */
+  state: string;
+  heartbeat_age: number | null;
+  busy: boolean;
+}
+
+/** Compilation-cache totals over all processes. */
+export interface ICache {
+  requests: number;
+  hits: number;
+  hit_rate: number | null;
+  compiles: number;
+  compile_time: number;
+  time_saved: number;
+  entries: number;
+  bytes: number;
+}
+
+/** A running cluster. */
+export interface ICluster {
+  state: string;
+  nprocs: number;
+  alive: number;
+  devices: number;
+  live_devices: number;
+  warning: boolean;
+  processes: IProcess[];
+  cache: ICache | null;
+  security: string;
+  heartbeat_timeout: number | null;
+}
+
+/** What the kernel pushes. */
+export interface IState {
+  kernel: { pid: number; version: string };
+  cell_running: boolean;
+  time: number;
+  cluster: ICluster | null;
+  error?: string;
+}
+
+/** The kernel's answer to a command. */
+export interface IReply {
+  type: 'reply';
+  id: string;
+  action: Action;
+  ok: boolean;
+  message: string;
+  log: string[];
+}
+
+/** A command sent to the kernel. */
+export interface ICommand {
+  type: 'command';
+  action: Action;
+  rank: number | null;
+  id: string;
+}

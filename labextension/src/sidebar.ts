@@ -1,0 +1,262 @@
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { formatRate, formatSeconds, JaxsysModel } from './model';
+import { Action, ICluster, IProcess, IReply } from './protocol';
+
+const ICON_SVG =
+  '<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 24">' +
+  '<g class="jp-icon3" fill="#616161"><rect x="2" y="3" width="8" height="8" rx="1"/>' +
+  '<rect x="14" y="3" width="8" height="8" rx="1"/><rect x="2" y="13" width="8" height="8" rx="1"/>' +
+  '<rect x="14" y="13" width="8" height="8" rx="1"/></g></svg>';
+
+/** The jaxsys icon (four processes). */
+export const jaxsysIcon = new LabIcon({ name: 'jaxsys:icon', svgstr: ICON_SVG });
+
+/** Newest log lines the sidebar keeps. */
+const MAX_LOG = 200;
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function button(label: string, className: string, title: string): HTMLButtonElement {
+  const node = el('button', `jp-Button jp-mod-styled jaxsys-button ${className}`, label);
+  node.title = title;
+  node.type = 'button';
+  return node;
+}
+
+/**
+ * The sidebar: the process table, the live-devices grid, a cache summary, the security
+ * line, and buttons for start, stop, restart the world, dump stacks and, per process,
+ * kill and restart.
+ *
+ * The buttons are built once and rows are updated in place, so a click is never lost to
+ * a state push redrawing the panel.
+ */
+export class JaxsysSidebar extends Widget {
+  constructor(private _model: JaxsysModel) {
+    super();
+    this.id = 'jaxsys-sidebar';
+    this.addClass('jaxsys-sidebar');
+    this.title.icon = jaxsysIcon;
+    this.title.caption = 'jaxsys cluster';
+    this._build();
+    _model.changed.connect(this._render, this);
+    _model.replied.connect(this._onReply, this);
+    this._render();
+  }
+
+  /** Run an action, showing its progress and answer in the panel. */
+  async run(action: Action, rank: number | null = null): Promise<IReply | null> {
+    const what = rank === null ? action : `${action} p${rank}`;
+    this._busy.add(what);
+    this._message.textContent = `${what}…`;
+    this._render();
+    try {
+      return await this._model.command(action, rank);
+    } catch (reason) {
+      this._message.textContent = `${what} failed: ${reason}`;
+      return null;
+    } finally {
+      this._busy.delete(what);
+      this._render();
+    }
+  }
+
+  private _build(): void {
+    const head = el('div', 'jaxsys-head');
+    head.append(el('h2', 'jaxsys-title', 'jaxsys'), this._kernel);
+    const actions = el('div', 'jaxsys-actions');
+    const buttons: [Action, string, string, string][] = [
+      ['start', 'Start', 'jaxsys-start', 'start a cluster with the kernel’s defaults'],
+      ['stop-cluster', 'Stop', 'jaxsys-stop', 'stop the cluster (a running cell is interrupted first)'],
+      ['restart-world', 'Restart world', 'jaxsys-restart-world', 'replace every process'],
+      ['stacks', 'Dump stacks', 'jaxsys-stacks', 'innermost frame of every process']
+    ];
+    for (const [action, label, cls, title] of buttons) {
+      const node = button(label, cls, title);
+      node.addEventListener('click', () => void this.run(action));
+      this._buttons.set(action, node);
+      actions.append(node);
+    }
+    const table = el('table', 'jaxsys-processes');
+    const header = el('tr');
+    for (const h of ['process', 'host', 'devices', 'state', 'heartbeat', '']) {
+      header.append(el('th', '', h));
+    }
+    table.append(el('thead'), this._rows);
+    table.tHead!.append(header);
+    this.node.append(
+      head,
+      this._summary,
+      actions,
+      this._message,
+      this._section('Processes', table),
+      this._section('Live devices', this._grid),
+      this._section('Compilation cache', this._cache),
+      this._section('Security', this._security),
+      this._section('Log', this._log)
+    );
+  }
+
+  private _section(title: string, body: HTMLElement): HTMLElement {
+    const section = el('section', 'jaxsys-section');
+    section.append(el('h3', '', title), body);
+    return section;
+  }
+
+  private _render(): void {
+    const state = this._model.state;
+    const c = state?.cluster ?? null;
+    this._kernel.textContent = !this._model.link
+      ? 'no notebook'
+      : this._model.link.isJaxsys === false
+        ? 'not a jaxsys kernel'
+        : state
+          ? `kernel pid ${state.kernel.pid} · jaxsys ${state.kernel.version}`
+          : 'connecting…';
+    if (state) {
+      this.node.dataset.kernelPid = String(state.kernel.pid);
+    } else {
+      delete this.node.dataset.kernelPid;
+    }
+    this._summary.textContent = !state
+      ? ''
+      : !c
+        ? 'no cluster'
+        : `${c.alive}/${c.nprocs} processes alive · ${c.live_devices}/${c.devices} devices` +
+          ` · ${c.state}${state.cell_running ? ' · a cell is running' : ''}`;
+    this._summary.classList.toggle('jaxsys-mod-warning', !!c?.warning);
+    const connected = this._model.link?.connected ?? false;
+    const ready = connected && c?.state === 'ready';
+    const enabled: Record<string, boolean> = {
+      start: connected && !c,
+      'stop-cluster': connected && !!c,
+      'restart-world': ready,
+      stacks: ready
+    };
+    for (const [action, node] of this._buttons) {
+      node.disabled = !enabled[action] || this._busy.has(action);
+    }
+    this._renderRows(c, ready);
+    this._renderGrid(c);
+    this._renderCache(c);
+    this._security.textContent = c ? c.security : '-';
+  }
+
+  private _renderRows(c: ICluster | null, ready: boolean): void {
+    const procs = c?.processes ?? [];
+    const seen = new Set<number>();
+    for (const p of procs) {
+      seen.add(p.rank);
+      let row = this._rowByRank.get(p.rank);
+      if (!row) {
+        row = this._makeRow(p.rank);
+        this._rowByRank.set(p.rank, row);
+      }
+      this._fillRow(row, p, ready);
+    }
+    for (const [rank, row] of this._rowByRank) {
+      if (!seen.has(rank)) {
+        row.remove();
+        this._rowByRank.delete(rank);
+      }
+    }
+    // Keep rank order whatever the arrival order of rows.
+    for (const p of procs) {
+      this._rows.append(this._rowByRank.get(p.rank)!);
+    }
+  }
+
+  private _makeRow(rank: number): HTMLTableRowElement {
+    const row = el('tr', 'jaxsys-process');
+    row.dataset.rank = String(rank);
+    for (let i = 0; i < 5; i++) {
+      row.append(el('td'));
+    }
+    const cell = el('td', 'jaxsys-row-actions');
+    const kill = button('kill', 'jaxsys-kill', `SIGKILL process ${rank}`);
+    kill.addEventListener('click', () => void this.run('kill', rank));
+    const restart = button('restart', 'jaxsys-restart', `replace process ${rank}`);
+    restart.addEventListener('click', () => void this.run('restart', rank));
+    cell.append(kill, restart);
+    row.append(cell);
+    return row;
+  }
+
+  private _fillRow(row: HTMLTableRowElement, p: IProcess, ready: boolean): void {
+    const cells = row.cells;
+    cells[0].textContent = `p${p.rank}`;
+    cells[1].textContent = p.host || '-';
+    cells[2].textContent = p.devices.join(',') || '-';
+    cells[3].textContent = p.busy && p.state === 'alive' ? 'alive (busy)' : p.state;
+    cells[3].className = `jaxsys-state jaxsys-state-${p.state}`;
+    cells[4].textContent = formatSeconds(p.heartbeat_age);
+    row.dataset.state = p.state;
+    const [kill, restart] = Array.from(cells[5].querySelectorAll('button'));
+    kill.disabled = !ready || p.state === 'dead' || this._busy.has(`kill p${p.rank}`);
+    restart.disabled = !ready || this._busy.has(`restart p${p.rank}`);
+  }
+
+  private _renderGrid(c: ICluster | null): void {
+    this._grid.replaceChildren();
+    if (!c) {
+      this._grid.textContent = '-';
+      return;
+    }
+    for (const p of c.processes) {
+      for (const d of p.devices) {
+        const cell = el('span', `jaxsys-device jaxsys-state-${p.state}`, String(d));
+        cell.title = `device ${d} · process ${p.rank} · ${p.state}`;
+        this._grid.append(cell);
+      }
+    }
+  }
+
+  private _renderCache(c: ICluster | null): void {
+    const cache = c?.cache;
+    if (!cache) {
+      this._cache.textContent = c ? 'no telemetry' : '-';
+      return;
+    }
+    this._cache.textContent =
+      `hit rate ${formatRate(cache.hit_rate)} (${cache.hits} of ${cache.requests} requests)` +
+      ` · ${cache.compiles} compiles (${formatSeconds(cache.compile_time)})` +
+      ` · saved ${formatSeconds(cache.time_saved)} · ${cache.entries} entries on disk`;
+  }
+
+  private _onReply(_: JaxsysModel, reply: IReply): void {
+    this._message.textContent = reply.message;
+    this._message.classList.toggle('jaxsys-mod-error', !reply.ok);
+    const stamp = new Date().toLocaleTimeString();
+    const lines = [`${stamp} ${reply.action}: ${reply.message}`, ...reply.log];
+    this._logLines = [...this._logLines, ...lines].slice(-MAX_LOG);
+    this._log.textContent = this._logLines.join('\n');
+  }
+
+  private _kernel = el('div', 'jaxsys-kernel');
+  private _summary = el('div', 'jaxsys-summary');
+  private _message = el('div', 'jaxsys-message');
+  private _rows = el('tbody');
+  private _grid = el('div', 'jaxsys-devices');
+  private _cache = el('div', 'jaxsys-cache');
+  private _security = el('div', 'jaxsys-security');
+  private _log = el('pre', 'jaxsys-log');
+  private _logLines: string[] = [];
+  private _buttons = new Map<Action, HTMLButtonElement>();
+  private _rowByRank = new Map<number, HTMLTableRowElement>();
+  private _busy = new Set<string>();
+}
