@@ -180,3 +180,12 @@ def rank_from_env(environ: Mapping[str, str] | None = None) -> int:
 # inside Python's own stream, so they cannot split a line Python printed. The payload is
 # ``{"name": "stdout" | "stderr", "text": "one or more whole lines, each ending in \\n"}``.
 NATIVE_MIME = "application/vnd.jaxsys.native+json"
+
+# -- the persistent compilation cache ---------------------------------------------------------
+
+# In a cluster's cache directory: jaxsys's records of the entries process 0 wrote (compile
+# time in float seconds, jaxlib version), one ``<key>.json`` each. JAX reads only
+# ``*-cache`` files there.
+CACHE_META_DIR = "jaxsys-meta"
+# ``--cache-dir`` value that starts a cluster without a persistent cache.
+NO_CACHE = "none"

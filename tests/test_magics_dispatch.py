@@ -203,7 +203,9 @@ FLAGS = sorted({o for opts in OWN.values() for o in opts if o.startswith("--")})
 def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, session, name):
     foreign = [f for f in FLAGS if f not in OWN[name]]
     assert foreign
-    words = {"kill": "1", "restart": "1", "inspect": "x", "logs": "0"}.get(name, "")
+    words = {"kill": "1", "restart": "1", "inspect": "x", "logs": "0", "cache": "show"}.get(
+        name, ""
+    )
     for flag in foreign:
         with pytest.raises(UsageError) as err:
             jaxsys(shell, f"{name} {words} {flag} 1")
@@ -243,6 +245,7 @@ def test_the_action_table():
         "rotate-certs",
         "inspect",
         "logs",
+        "cache",
     )
     assert OWN["start"] == {
         "--hosts",

@@ -87,6 +87,10 @@ class Agent:
         self.started = True
         jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        # What each compile request became (hit, shared, compiled and why): engine/cache.py.
+        from . import cache
+
+        cache.install(self)
         self._thread.start()
         return self
 

@@ -19,6 +19,7 @@ from .. import contract
 from .._ranges import format_procs
 from . import actions_help
 from .actions_args import count, env_pairs, rank, seconds, split
+from .actions_cache import cache
 from .actions_help import Action
 
 # Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
@@ -403,6 +404,7 @@ ACTIONS: dict[str, Action] = {
         Action("rotate-certs", rotate_certs),
         Action("inspect", inspect_, "%jaxsys inspect needs a name, e.g. %jaxsys inspect jnp.sum"),
         Action("logs", logs, "%jaxsys logs needs a process, e.g. %jaxsys logs 0"),
+        Action("cache", cache),
     )
 }
 

@@ -16,12 +16,6 @@ from .. import contract
 from . import schema
 from .refusals import explain_refusal
 
-# Compilation-cache and compile events, by the names JAX 0.12 records them under.
-CACHE_REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
-CACHE_HIT = "/jax/compilation_cache/cache_hits"
-TIME_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-
 # A process whose last heartbeat is older than this (in heartbeat intervals) is late.
 LATE_AFTER_INTERVALS = 3.0
 # Distinct (address, error) pairs kept; a scan from many addresses must not grow the kernel.
@@ -144,10 +138,7 @@ class TelemetryHub:
     def cache_stats(self) -> list[schema.CacheStats]:
         """Current compilation-cache numbers, by process."""
         with self._lock:
-            return [
-                schema.CacheStats(**{**vars(s), "last_functions": list(s.last_functions)})
-                for s in self._cache.values()
-            ]
+            return [s.copy() for s in self._cache.values()]
 
     def stack_dump(self, rank: int) -> tuple[int, str]:
         """The latest stack dump relayed by process ``rank``, numbered from 1 (0: none yet)."""
@@ -355,8 +346,9 @@ class TelemetryHub:
             elif kind == schema.CACHE_DIR:
                 self._cache[rank].entries = ev["entries"]
                 self._cache[rank].bytes = ev["bytes"]
-            elif kind == schema.MONITORING:
-                self._monitoring(self._cache[rank], ev)
+            elif kind == schema.MONITORING or kind in schema.CACHE_KINDS:
+                # What a compile request became, per process: schema.CacheStats.apply.
+                self._cache[rank].apply(ev)
             elif kind == schema.REFUSED:
                 self._refused(ev, now)
             elif kind == schema.STACKS:
@@ -384,22 +376,6 @@ class TelemetryHub:
         # isdigit() alone takes digits int() refuses (superscripts).
         entry.last_port = int(port) if port.isascii() and port.isdigit() else 0
         self.refused_attempts += 1
-
-    @staticmethod
-    def _monitoring(stats: schema.CacheStats, ev: dict) -> None:
-        name = ev.get("name")
-        if name == CACHE_REQUEST:
-            stats.requests += 1
-        elif name == CACHE_HIT:
-            stats.hits += 1
-        elif name == TIME_SAVED:
-            stats.time_saved += ev.get("duration", 0.0)
-        elif name == BACKEND_COMPILE:
-            stats.compiles += 1
-            stats.compile_time += ev.get("duration", 0.0)
-            fun = ev.get("fun_name")
-            if fun:
-                stats.last_functions = ([fun] + [f for f in stats.last_functions if f != fun])[:5]
 
     def _notify(self) -> None:
         with self._lock:

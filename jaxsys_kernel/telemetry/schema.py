@@ -19,7 +19,13 @@ MONITORING = "monitoring"  # one jax.monitoring event or duration
 CACHE_DIR = "cache_dir"  # entries and bytes in the persistent cache directory
 STACKS = "stacks"  # a faulthandler dump of every thread, relayed from a remote process
 REFUSED = "refused"  # process 0's coordination service refused a TLS handshake: peer, error
-KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED)
+# Compilation-cache accounting (engine/cache.py): a process's set-up, what one compile
+# request became, and why one request missed.
+CACHE_CONFIG = "cache_config"
+CACHE_COMPILE = "cache_compile"
+CACHE_MISS = "cache_miss"
+CACHE_KINDS = (CACHE_CONFIG, CACHE_COMPILE, CACHE_MISS)
+KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED, *CACHE_KINDS)
 
 # The largest event the kernel reads. A relayed stack dump (at most 256 Ki characters) is the
 # biggest an agent sends; anything larger is refused before it is parsed.
@@ -106,8 +112,57 @@ def _kind_fields(kind: str, ev: dict) -> dict:
     if kind == STACKS:
         # The latest dump is at the end.
         return {"text": _text(ev, "text", MAX_STACK_TEXT, "", tail=True)}
+    if kind in CACHE_KINDS:
+        return _cache_fields(kind, ev)
     # REFUSED
     return {"peer": _text(ev, "peer", 256), "error": _text(ev, "error", MAX_TEXT, "")}
+
+
+# The fields of the cache events and their types; all are optional.
+_CACHE_FIELDS = {
+    CACHE_CONFIG: {
+        "dir": "text",
+        "platform": "text",
+        "min_compile_secs": "num",
+        "min_entry_bytes": "num",
+        "served": "bool",
+        "why_not": "text",
+        "jaxlib": "text",
+        "explain": "bool",
+    },
+    CACHE_COMPILE: {
+        "fun": "text",
+        "module": "text",
+        "key": "text",
+        "outcome": "text",
+        "requested": "bool",
+        "seconds": "num",
+        "compile_secs": "num",
+        "saved": "num",
+        "saved_at_least": "num",
+        "measured": "bool",
+        "retrieval": "num",
+        "written": "bool",
+        "reason": "text",
+    },
+    CACHE_MISS: {"cache": "text", "fun": "text", "reason": "text"},
+}
+
+
+def _cache_fields(kind: str, ev: dict) -> dict:
+    out: dict = {}
+    for key, typ in _CACHE_FIELDS[kind].items():
+        if key not in ev:
+            continue
+        if typ == "text":
+            out[key] = _text(ev, key, MAX_TEXT)
+        elif typ == "num":
+            out[key] = _number(ev, key)
+        elif type(ev[key]) is bool:
+            out[key] = ev[key]
+        else:
+            raise Malformed("bad field", f"{key} is not true or false")
+    return out
 
 
 def decode(raw: bytes) -> dict:
@@ -161,21 +216,41 @@ def decode(raw: bytes) -> dict:
 
 @dataclass
 class CacheStats:
-    """Compilation-cache numbers of one process.
+    """Compilation-cache numbers of one process, and how each cache event changes them.
 
-    ``misses`` is ``requests - hits``: JAX's own miss event fires only when an entry is
-    written, so it undercounts.
+    ``requests`` and ``hits`` are JAX's own counts; ``misses`` is ``requests - hits`` (JAX's
+    miss event fires only when an entry is written, so it undercounts). The rest comes from
+    ``cache_compile`` events, one per compile request (engine/cache.py): ``shared`` were
+    received from another process, ``compiles`` were compiled here (in ``compile_time``
+    seconds, never counting hits or waits), and ``time_saved`` is the original compile time
+    of every entry reused, never negative. A reused entry jaxsys has no record of counts in
+    ``unmeasured_hits`` and adds the whole seconds JAX stored to ``time_saved_at_least``.
+    ``served`` and ``why_not`` say whether the cache can serve this process at all.
     """
 
     rank: int
     requests: int = 0
     hits: int = 0
-    time_saved: float = 0.0
-    compile_time: float = 0.0
+    shared: int = 0
     compiles: int = 0
+    compile_time: float = 0.0
+    time_saved: float = 0.0
+    time_saved_at_least: float = 0.0
+    unmeasured_hits: int = 0
+    retrieval_time: float = 0.0
+    wait_time: float = 0.0
+    written: int = 0
     entries: int = 0
     bytes: int = 0
     last_functions: list[str] = field(default_factory=list)
+    tracing_misses: int = 0
+    last_misses: list[str] = field(default_factory=list)
+    cache_dir: str = ""
+    min_compile_secs: float | None = None
+    min_entry_bytes: int | None = None
+    served: bool | None = None
+    why_not: str = ""
+    jaxlib: str = ""
 
     @property
     def misses(self) -> int:
@@ -191,6 +266,57 @@ class CacheStats:
         d["misses"] = self.misses
         d["hit_rate"] = self.hit_rate
         return d
+
+    def copy(self) -> CacheStats:
+        """An independent copy (lists included)."""
+        return CacheStats(**asdict(self))
+
+    def apply(self, ev: dict) -> None:
+        """Count one decoded event of this process (monitoring or cache kinds)."""
+        kind = ev.get("kind")
+        if kind == MONITORING:
+            if ev.get("name") == "/jax/compilation_cache/compile_requests_use_cache":
+                self.requests += 1
+            elif ev.get("name") == "/jax/compilation_cache/cache_hits":
+                self.hits += 1
+        elif kind == CACHE_CONFIG:
+            self.cache_dir = ev.get("dir", self.cache_dir)
+            self.min_compile_secs = ev.get("min_compile_secs", self.min_compile_secs)
+            if "min_entry_bytes" in ev:
+                self.min_entry_bytes = int(ev["min_entry_bytes"])
+            self.served = ev.get("served", self.served)
+            self.why_not = ev.get("why_not", self.why_not)
+            self.jaxlib = ev.get("jaxlib", self.jaxlib)
+        elif kind == CACHE_COMPILE:
+            self._compiled(ev)
+        elif kind == CACHE_MISS and ev.get("cache") == "tracing":
+            self.tracing_misses += 1
+            self._miss(f"{ev.get('fun', '?')} (tracing): {ev.get('reason', '')}")
+
+    def _compiled(self, ev: dict) -> None:
+        outcome = ev.get("outcome")
+        if outcome == "hit":
+            if ev.get("measured", True):
+                self.time_saved += max(0.0, ev.get("saved", 0.0))
+            else:
+                self.unmeasured_hits += 1
+                self.time_saved_at_least += max(0.0, ev.get("saved_at_least", 0.0))
+            self.retrieval_time += max(0.0, ev.get("retrieval", 0.0))
+        elif outcome == "shared":
+            self.shared += 1
+            self.wait_time += max(0.0, ev.get("seconds", 0.0))
+        else:
+            self.compiles += 1
+            self.compile_time += max(0.0, ev.get("compile_secs", 0.0))
+            self.written += 1 if ev.get("written") else 0
+            if ev.get("reason"):
+                self._miss(f"{ev.get('fun') or ev.get('module', '?')}: {ev['reason']}")
+        fun = ev.get("fun")
+        if fun:
+            self.last_functions = ([fun] + [f for f in self.last_functions if f != fun])[:5]
+
+    def _miss(self, line: str) -> None:
+        self.last_misses = [*self.last_misses, line][-5:]
 
 
 @dataclass
