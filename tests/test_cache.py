@@ -276,3 +276,56 @@ def test_another_jaxlibs_entry_is_the_reason_for_a_miss(runs):
     )
     misses = runs["other"]["describe"]["misses"]
     assert misses and misses[-1]["cache"] == "persistent" and "0.0.1" in misses[-1]["reason"]
+
+
+# -- one cache per cluster --------------------------------------------------------------------
+
+
+def test_every_cluster_gets_a_cache_directory_per_user_and_jaxlib(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
+    from jaxsys_kernel.cluster import ClusterConfig
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    cfg = ClusterConfig(hosts=2)
+    assert cfg.cache_dir == str(
+        tmp_path / "jaxsys" / "compilation-cache" / f"jaxlib-{version('jaxlib')}"
+    )
+    assert os.path.isdir(cfg.cache_dir)
+    assert ClusterConfig(hosts=2, cache_dir="none").cache_dir is None
+    assert ClusterConfig(hosts=2, cache_dir="~/c").cache_dir == os.path.expanduser("~/c")
+    mine = ClusterConfig(hosts=2, env={"JAX_COMPILATION_CACHE_DIR": "/mine"})
+    assert mine.cache_dir == "/mine"
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"env": {"JAX_SHARE_BINARY_BETWEEN_HOSTS": "1"}},
+        {"process_env": {1: {"JAX_SHARE_BINARY_BETWEEN_HOSTS": "true"}}},
+    ],
+)
+def test_the_share_flag_is_refused_on_cpu_clusters(where, monkeypatch):
+    from jaxsys_kernel.cluster import ClusterConfig
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    with pytest.raises(ValueError) as err:
+        ClusterConfig(hosts=2, **where)
+    message = str(err.value)
+    assert message.startswith("jax_share_binary_between_hosts is refused on CPU clusters")
+    assert "the first collective would hang" in message and "docs/compilation-cache.md" in message
+    # Off is fine; so is a cluster whose platform JAX picks on hosts that may have GPUs.
+    ClusterConfig(hosts=2, env={"JAX_SHARE_BINARY_BETWEEN_HOSTS": "0"})
+    ClusterConfig(hosts=["a", "b"], launcher="ssh", **where)
+
+
+def test_start_refuses_the_share_flag_with_a_usage_error(monkeypatch):
+    from IPython.core.error import UsageError
+
+    from jaxsys_kernel.magics.session import MultihostSession
+
+    monkeypatch.setenv("JAX_SHARE_BINARY_BETWEEN_HOSTS", "1")
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    with pytest.raises(UsageError, match="refused on CPU clusters"):
+        MultihostSession().start(hosts=2)

@@ -57,7 +57,9 @@ class Cluster(AsyncFirst):
         ``local`` starts processes on this machine; the others use ipyparallel's launchers
         of the same name.
     cache_dir : str, optional
-        Persistent compilation cache directory for every process.
+        Persistent compilation cache directory for every process; by default
+        ``$JAX_COMPILATION_CACHE_DIR`` or one per user and jaxlib version
+        (:func:`~jaxsys_kernel.cluster.config.default_cache_dir`); ``"none"`` for no cache.
     register_timeout, init_timeout : float
         Seconds allowed for engines to register and for ``jax.distributed.initialize``.
     env : mapping, optional

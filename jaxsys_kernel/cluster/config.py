@@ -7,7 +7,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import contract
 from .launchers import LAUNCHER_CLASSES, LAUNCHERS
+
+# Why jaxsys_kernel refuses JAX's share flag on CPU (measured; docs/compilation-cache.md).
+SHARE_FLAG = "JAX_SHARE_BINARY_BETWEEN_HOSTS"
+SHARE_REFUSED = (
+    "jax_share_binary_between_hosts is refused on CPU clusters: in JAX 0.12 each CPU process "
+    "computes a different cache key, so process 1 waits for an executable that process 0 "
+    "publishes under another key, and the first collective would hang, failing after 30 s "
+    "(gloo) while the others wait up to 20 min. Leave it unset: processes other than 0 then "
+    "compile for themselves. See docs/compilation-cache.md."
+)
 
 
 @dataclass
@@ -58,6 +69,7 @@ class ClusterConfig:
             if not 0 <= rank < self.nprocs:
                 raise ValueError(f"process_env names process {rank}, outside 0-{self.nprocs - 1}")
         self._check_certificates()
+        self._resolve_cache()
         self._check_placement()
         self._check_launcher_options()
         self.process_prefix = {int(k): list(v) for k, v in (self.process_prefix or {}).items()}
@@ -75,6 +87,26 @@ class ClusterConfig:
             self.nprocs = len(self.host_names)
         if LAUNCHER_CLASSES[self.launcher].needs_host_names and self.host_names is None:
             raise ValueError("the ssh launcher needs host names: hosts=['node1', 'node2', ...]")
+
+    def _resolve_cache(self) -> None:
+        """One cache directory per cluster: the one given, the user's, or a default."""
+        if self.cache_dir == contract.NO_CACHE:
+            self.cache_dir = None
+        elif self.cache_dir is None:
+            given = self.env.get("JAX_COMPILATION_CACHE_DIR") or os.environ.get(
+                "JAX_COMPILATION_CACHE_DIR"
+            )
+            self.cache_dir = given or default_cache_dir()
+        else:
+            self.cache_dir = os.path.expanduser(os.fspath(self.cache_dir))
+        for rank in self.ranks:
+            env = self.user_env(rank)
+            share = env.get(SHARE_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
+            platforms = (
+                env.get("JAX_PLATFORMS") or LAUNCHER_CLASSES[self.launcher].default_platforms
+            )
+            if share and platforms.split(",")[0].strip() == "cpu":
+                raise ValueError(SHARE_REFUSED)
 
     def _check_certificates(self) -> None:
         if (self.ca_file is None) != (self.cert_dir is None):
@@ -112,6 +144,37 @@ class ClusterConfig:
         """The environment process ``rank`` would see from the user's side: this process's
         own, then ``env``, then its ``process_env``."""
         return {**os.environ, **self.env, **self.process_env.get(rank, {})}
+
+
+def default_cache_dir() -> str:
+    """The default cache directory: one per user and per jaxlib version.
+
+    ``$XDG_CACHE_HOME/jaxsys/compilation-cache/jaxlib-<version>`` (``~/.cache`` by
+    default); a temporary directory of the user's own when that cannot be written. Entries
+    of one jaxlib can never hit in another (the version is part of every key), so keeping
+    them apart costs nothing and keeps each directory's size honest.
+    """
+    import getpass
+    import tempfile
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        jaxlib = version("jaxlib")
+    except PackageNotFoundError:
+        jaxlib = "unknown"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "jaxsys", "compilation-cache", f"jaxlib-{jaxlib}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+    except OSError:
+        pass
+    path = os.path.join(
+        tempfile.gettempdir(), f"jaxsys-cache-{getpass.getuser()}", f"jaxlib-{jaxlib}"
+    )
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def check_launcher_options(launcher: str, options: Mapping[str, Any]) -> None:

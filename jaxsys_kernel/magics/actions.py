@@ -73,7 +73,12 @@ def format_status(rows: list[dict]) -> str:
     default=None,
     help=f"how processes are started (default ${contract.LAUNCHER}, else local)",
 )
-@argument("--cache-dir", default=None, metavar="DIR", help="persistent compilation cache directory")
+@argument(
+    "--cache-dir",
+    default=None,
+    metavar="DIR",
+    help="persistent compilation cache directory (default: one per user and jaxlib; none: off)",
+)
 @argument(
     "--init-timeout",
     type=seconds,

@@ -140,6 +140,8 @@ class Launcher:
     uses_engine_file_copy: ClassVar[bool] = False
     #: With no ``controller_ip``, everything listens on loopback.
     loopback_only: ClassVar[bool] = False
+    #: ``JAX_PLATFORMS`` when the user sets none; "" lets JAX pick (accelerators if any).
+    default_platforms: ClassVar[str] = ""
 
     def __init__(self, config):
         self.config = config

@@ -26,6 +26,7 @@ class LocalLauncher(Launcher):
     restarts_one_process = True
     uses_engine_file_copy = True
     loopback_only = True
+    default_platforms = "cpu"
 
     def _controller_kwargs(self) -> dict[str, Any]:
         return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
@@ -44,7 +45,7 @@ class LocalLauncher(Launcher):
         return fields
 
     def _platform_env(self) -> dict[str, str]:
-        return {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+        return {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", self.default_platforms)}
 
     def nanny_args(self) -> list[str]:
         # The nanny relays signals to remote engines. Local engines are signalled directly,
