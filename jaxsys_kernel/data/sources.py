@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npformat
 
 from .planner import DataPlan, ProcessReads
 
@@ -146,16 +147,26 @@ def open_npy(path: str | os.PathLike) -> np.ndarray:
 
 def _open_npy(path: str | os.PathLike) -> tuple[np.ndarray, mmap.mmap]:
     name = os.fspath(path)
-    header = np.load(name, mmap_mode="r", allow_pickle=False)
-    if not isinstance(header, np.memmap):
-        raise ValueError(f"{name} is not a .npy array file; save one with np.save")
-    order = "F" if header.flags.f_contiguous and not header.flags.c_contiguous else "C"
-    shape, dtype, offset = header.shape, header.dtype, int(header.offset)
-    del header
-    with open(name, "rb") as f:
+    with open(name, "rb", buffering=0) as f:
+        # Readahead would pull in the rows after a slice, which belong to other processes;
+        # without it the header costs one page.
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+        try:
+            version = npformat.read_magic(f)
+        except ValueError:
+            raise ValueError(f"{name} is not a .npy array file; save one with np.save") from None
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"{name}: .npy format {version} is not supported; use 1.0 or 2.0")
+        if dtype.hasobject:
+            raise ValueError(f"{name} holds Python objects, which cannot be memory-mapped")
+        offset = f.tell()
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    # Readahead would pull in the rows after a slice, which belong to other processes.
     mapping.madvise(mmap.MADV_RANDOM)
+    order = "F" if fortran else "C"
     array = np.ndarray(shape, dtype, buffer=mapping, offset=offset, order=order)
     return array, mapping
 
