@@ -138,6 +138,32 @@ def nanny_pid() -> int | None:
     return None
 
 
+def engine_heartbeat_monitor_port() -> int | None:
+    """The port of this engine's heartbeat monitor (a SUB socket on loopback), or None."""
+    try:
+        from ipyparallel.engine.app import IPEngine
+
+        if IPEngine.initialized():
+            listener = getattr(IPEngine.instance(), "_hb_listener", None)
+            if listener is not None:
+                endpoint = listener.socket.LAST_ENDPOINT.decode()
+                return int(endpoint.rsplit(":", 1)[1])
+    except Exception:  # noqa: BLE001 - the audit names the port differently without it
+        return None
+    return None
+
+
+# -- ipykernel: the kernel's own sockets -------------------------------------------------------
+
+
+def kernel_pipe_port(kernel) -> int | None:
+    """The port of ipykernel's IOPub pipe (output of forked subprocesses), or None."""
+    thread = getattr(kernel, "iopub_thread", None)
+    if thread is None or not getattr(thread, "_pipe_flag", False):
+        return None
+    return getattr(thread, "_pipe_port", None)
+
+
 # -- ipykernel: subshells ----------------------------------------------------------------------
 
 
@@ -156,4 +182,3 @@ def create_subshell(kernel) -> str:
 def route_comm_to_subshell(comm, subshell_id: str) -> None:
     """Serve a comm's incoming messages on a subshell, whatever thread sends its updates."""
     comm._reply_subshell_for = lambda data, default: subshell_id
-

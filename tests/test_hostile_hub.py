@@ -20,30 +20,7 @@ from hypothesis import strategies as st
 from jaxsys_kernel.telemetry import schema
 from jaxsys_kernel.telemetry.hub import TelemetryHub
 
-# What the receivers on the old code died of, and what else a key holder may send.
-MALFORMED = [
-    b"[1, 2, 3]",  # a list: AttributeError on .get
-    b'{"v": 1, "kind": "heartbeat", "rank": 1e999, "inc": 0, "t": 0}',  # OverflowError
-    b'"just a string"',
-    b"null",
-    b"\xff\xfe\x00garbage",
-    b"{" * 100_000,  # RecursionError in the parser
-    b'{"v": 1, "kind": "heartbeat", "rank": NaN, "inc": 0, "t": 0}',
-    b'{"v": 1, "kind": "heartbeat", "rank": true, "inc": 0, "t": 0}',
-    b'{"v": 1, "kind": "heartbeat", "rank": -1, "inc": 0, "t": 0}',
-    b'{"v": 1, "kind": "heartbeat", "rank": 7, "inc": 0, "t": 0}',  # no such process
-    b'{"v": 1, "kind": "heartbeat", "rank": ' + b"9" * 5000 + b', "inc": 0, "t": 0}',
-    b'{"v": 1, "kind": "heartbeat", "rank": 0, "inc": 0, "t": 0, "devices": "abc"}',
-    b'{"v": 1, "kind": "heartbeat", "rank": 0, "inc": 0, "t": 0, "devices": [1e999]}',
-    b'{"v": 1, "kind": "cache_dir", "rank": 0, "inc": 0, "t": 0, "entries": 1e999}',
-    b'{"v": 1, "kind": "monitoring", "rank": 0, "inc": 0, "t": 0, "name": 5}',
-    b'{"v": 1, "kind": "monitoring", "rank": 0, "inc": 0, "t": 0, "name": "x", "duration": 1e999}',
-    b'{"v": 1, "kind": "refused", "rank": 0, "inc": 0, "t": 0, "peer": ["a"]}',
-    b'{"v": 1, "kind": "stacks", "rank": 0, "inc": 0, "t": 0, "text": {"a": 1}}',
-    b'{"v": 1, "kind": "no-such-kind", "rank": 0, "inc": 0, "t": 0}',
-    b'{"v": 99, "kind": "heartbeat", "rank": 0, "inc": 0, "t": 0}',
-    b'{"v": 1, "kind": "heartbeat", "rank": 0, "inc": 0, "t": Infinity}',
-]
+from .intruders import MALFORMED
 
 
 def beat(rank: int, **extra) -> bytes:

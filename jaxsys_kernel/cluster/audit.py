@@ -1,8 +1,15 @@
-"""Audit of every network endpoint a cluster uses, and what protects it."""
+"""Audit of every network endpoint a cluster uses, and what protects it.
+
+The list comes from the operating system: every TCP socket that the controller (and its
+scheduler processes), every JAX process (and its nanny) and the kernel itself listen on,
+each named by what opened it and the protection that role has. A socket no role explains
+is listed as unknown, never left out.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +32,8 @@ ADVICE_PLAINTEXT_DATA = (
     "JAX offers no protection here: keep these hosts on a private, trusted network "
     "(or a VPN / encrypted overlay between hosts)"
 )
+ADVICE_UNKNOWN = "not opened by jaxsys, JAX or Jupyter: find out what did (ss -ltnp)"
+DATA_PLANE = "JAX data plane (gloo collectives) or a server a cell started"
 
 
 @dataclass
@@ -36,13 +45,17 @@ class Endpoint:
     name : str
         What it is, e.g. ``coordination service``.
     address : str
-        Where it listens (``host:port``; ports may be several).
+        Where it listens (``host:port``).
     owner : str
         Which process listens (``kernel``, ``controller``, ``p0``...).
     protection : str
-        ``mTLS``, ``CurveZMQ``, ``HMAC`` (signed, not encrypted), ``token`` or ``nothing``.
+        ``mTLS``, ``CurveZMQ``, ``HMAC`` (signed, not encrypted), ``token``, ``nothing``
+        or ``unknown``.
     advice : str
         What to do about it, for the unprotected ones.
+    pid : int or None
+        The process holding the socket, when known (a socket a process inherited is
+        listed once, under the process that passed it on).
     """
 
     name: str
@@ -50,6 +63,13 @@ class Endpoint:
     owner: str
     protection: str
     advice: str = ""
+    pid: int | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The port, when ``address`` names exactly one."""
+        tail = self.address.rsplit(":", 1)[-1]
+        return int(tail) if tail.isascii() and tail.isdigit() else None
 
     def to_dict(self) -> dict:
         """The fields as a plain dict."""
@@ -72,79 +92,132 @@ def _serving(cluster) -> str:
     return f"serving serial {served:#x}; the rotated one on disk ({on_disk:#x}) is not in use yet"
 
 
-def _ipp_endpoints(cluster) -> list[Endpoint]:
+def _controller_roles(ipp) -> tuple[dict[int, str], dict]:
+    """The controller's ports by role, from its engine and client connection files."""
+    roles: dict[int, str] = {}
+    info: dict = {}
+    for side in ("engine", "client"):
+        try:
+            data = json.loads(controller_file(ipp.profile_dir, ipp.cluster_id, side).read_text())
+        except (OSError, ValueError):
+            continue
+        info = info or data
+        # Registration is shared; every other client-facing socket has an engine twin.
+        suffix = "" if side == "engine" else " (client-facing)"
+        for key, value in data.items():
+            for port in value if isinstance(value, list) else [value]:
+                if isinstance(port, int) and not isinstance(port, bool):
+                    role = f"ipyparallel {key.replace('_', ' ')}"
+                    roles.setdefault(port, role if key == "registration" else role + suffix)
+    return roles, info
+
+
+def _controller_endpoints(cluster) -> list[Endpoint]:
+    """Every socket the controller and its scheduler processes listen on."""
+    import psutil
+
+    from ..engine.probes import listening_sockets
+
     ipp = cluster._ipp
-    path = controller_file(ipp.profile_dir, ipp.cluster_id, "engine")
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    host = info["interface"].removeprefix("tcp://")
-    ports = {
-        k: info[k]
-        for k in ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong")
-    }
-    ports["broadcast"] = ",".join(map(str, info.get("broadcast", [])))
+    roles, info = _controller_roles(ipp)
     curve = bool(info.get("curve_serverkey"))
-    protection = (
-        "CurveZMQ"
-        if curve
-        else f"HMAC ({info.get('signature_scheme', 'hmac-sha256')}; not encrypted)"
-    )
+    protection = "CurveZMQ" if curve else "HMAC (signed, not encrypted)"
     advice = "" if curve else "start with security on (the default) to encrypt with CurveZMQ"
-    if host in ("127.0.0.1", "localhost"):
-        advice = advice or "loopback only"
-    return [
-        Endpoint(f"ipyparallel {name}", f"{host}:{port}", "controller", protection, advice)
-        for name, port in ports.items()
-    ]
+    ctl = getattr(ipp, "controller", None)
+    pid = getattr(ctl, "pid", None)
+    try:
+        tree = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except (psutil.Error, ValueError, TypeError):
+        tree = []
+    out, seen = [], set()
+    # Schedulers are forked: they hold the sockets their parent bound before the fork.
+    for p in tree:
+        for host, port in listening_sockets(p):
+            if port in seen:
+                continue
+            seen.add(port)
+            name = roles.get(port, "ipyparallel internal (scheduler tree, monitor)")
+            where = advice or ("loopback only" if host.startswith("127.") else "")
+            owner = "controller" if p == pid else "controller scheduler"
+            out.append(Endpoint(name, f"{host}:{port}", owner, protection, where, pid=p))
+    return out
 
 
-def _telemetry_endpoint(cluster) -> list[Endpoint]:
+def _kernel_roles(cluster) -> dict[int, tuple[str, str, str]]:
+    """The kernel process's own ports: ``port -> (name, protection, advice)``."""
+    roles: dict[int, tuple[str, str, str]] = {}
     hub = cluster.telemetry
-    if hub is None:
-        return []
-    address = hub.address.removeprefix("tcp://")
-    if hub.public_key:
-        advice = "loopback only" if address.startswith("127.") else ""
-        return [Endpoint("jaxsys telemetry", address, "kernel", "CurveZMQ", advice)]
-    return [
-        Endpoint(
-            "jaxsys telemetry",
-            address,
-            "kernel",
+    if hub is not None:
+        port = int(hub.address.rsplit(":", 1)[1])
+        if hub.public_key:
+            roles[port] = ("jaxsys telemetry", "CurveZMQ", "")
+        else:
+            roles[port] = (
+                "jaxsys telemetry",
+                "nothing",
+                "heartbeats, cache events and refusals travel in the clear: start with security on",
+            )
+    try:
+        from IPython import get_ipython
+
+        from .. import _compat
+
+        kernel = getattr(get_ipython(), "kernel", None)
+        pipe = _compat.kernel_pipe_port(kernel) if kernel is not None else None
+    except Exception:  # noqa: BLE001 - outside a kernel there is no pipe
+        pipe = None
+    if pipe:
+        roles[pipe] = (
+            "ipykernel IOPub pipe (output of forked subprocesses)",
             "nothing",
-            "heartbeats, cache events and refusals travel in the clear: start with security on",
+            "anyone on this machine can connect; messages without the kernel's random "
+            "token are dropped (and logged)",
         )
-    ]
+    roles.update(_kernel_channel_roles())
+    return roles
 
 
-def _kernel_endpoint() -> list[Endpoint]:
+def _kernel_channel_roles() -> dict[int, tuple[str, str, str]]:
     try:
         from ipykernel.connect import get_connection_file
 
         info = json.loads(Path(get_connection_file()).read_text())
-    except Exception:  # noqa: BLE001 - outside a kernel there is no kernel endpoint
-        return []
-    ports = ",".join(
-        str(info[k])
-        for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
-        if k in info
-    )
+    except Exception:  # noqa: BLE001 - outside a kernel there are no kernel channels
+        return {}
     curve = bool(info.get("curve_serverkey") or info.get("curve_publickey"))
-    protection = (
-        "CurveZMQ" if curve else f"HMAC ({info.get('signature_scheme', '')}; not encrypted)"
-    )
-    advice = (
-        ""
-        if curve
-        else "kernel traffic is signed, not encrypted: keep it on loopback or use transport_encryption"
-    )
-    return [
-        Endpoint(
-            "Jupyter kernel channels", f"{info.get('ip')}:{ports}", "kernel", protection, advice
+    if curve:
+        protection, advice = "CurveZMQ", ""
+    elif info.get("key"):
+        protection = f"HMAC ({info.get('signature_scheme', '')}; not encrypted)"
+        advice = "signed, not encrypted: keep it on loopback or use transport_encryption"
+    else:
+        protection, advice = "nothing", "the connection file has no key: anyone can send"
+    roles = {}
+    for key in ("shell_port", "iopub_port", "stdin_port", "control_port"):
+        if info.get(key):
+            roles[info[key]] = (f"Jupyter kernel channels: {key[:-5]}", protection, advice)
+    if info.get("hb_port"):
+        # The heartbeat only echoes what it gets; it is never signed.
+        roles[info["hb_port"]] = (
+            "Jupyter kernel channels: heartbeat",
+            "nothing",
+            "echoes bytes back, nothing more; keep it on loopback",
         )
-    ]
+    return roles
+
+
+def _kernel_endpoints(cluster) -> list[Endpoint]:
+    """Every socket this (the kernel's) process listens on."""
+    from ..engine.probes import listening_sockets
+
+    roles = _kernel_roles(cluster)
+    out = []
+    for host, port in listening_sockets():
+        name, protection, advice = roles.get(
+            port, ("unknown listener in the kernel process", "unknown", ADVICE_UNKNOWN)
+        )
+        out.append(Endpoint(name, f"{host}:{port}", "kernel", protection, advice, os.getpid()))
+    return out
 
 
 def _server_endpoints() -> list[Endpoint]:
@@ -189,44 +262,72 @@ def _coordinator_endpoint(cluster) -> Endpoint:
 
 
 def _process_endpoints(cluster, reports: list[dict]) -> list[Endpoint]:
-    """What the processes listen on besides the coordinator: JAX's unprotected data plane."""
+    """What the JAX processes and their nannies listen on besides the coordinator."""
     out: list[Endpoint] = []
     coord = cluster.coordinator_address or ""
     coord_port = int(coord.rsplit(":", 1)[1]) if ":" in coord else None
-    data_plane: dict[str, list[int]] = {}
+    curve = cluster.secure
+    zmq_protection = "CurveZMQ" if curve else "nothing"
+    procs = {p.rank: p for p in cluster.processes}
     for rank, rep in zip(cluster.ranks, reports, strict=True):
+        owner, pid = format_procs([rank]), getattr(procs.get(rank), "pid", None)
         for host, port in rep["listening"]:
             if rank == 0 and port == coord_port:
                 continue
-            data_plane.setdefault(f"{host}:{port}", []).append(rank)
-        if rep["cross_host_transfer"]:
+            if port == rep.get("heartbeat_monitor"):
+                out.append(
+                    Endpoint(
+                        "ipyparallel engine heartbeat monitor",
+                        f"{host}:{port}",
+                        owner,
+                        zmq_protection,
+                        "loopback only" if host.startswith("127.") else "",
+                        pid,
+                    )
+                )
+            else:
+                out.append(
+                    Endpoint(
+                        DATA_PLANE, f"{host}:{port}", owner, "nothing", ADVICE_PLAINTEXT_DATA, pid
+                    )
+                )
+        nanny = rep.get("nanny")
+        for host, port in (nanny or {}).get("listening", []):
             out.append(
                 Endpoint(
-                    "JAX cross-host transfers",
-                    rep["cross_host_transfer"],
-                    format_procs([rank]),
-                    "nothing",
-                    ADVICE_PLAINTEXT_DATA,
+                    "ipyparallel nanny (relays the engine's control channel)",
+                    f"{host}:{port}",
+                    f"{owner} nanny",
+                    zmq_protection,
+                    "loopback only" if host.startswith("127.") else "",
+                    nanny["pid"],
                 )
             )
-        if rep["profiler"]:
-            out.append(
-                Endpoint(
-                    "JAX profiler server",
-                    "(see listening ports)",
-                    format_procs([rank]),
-                    "nothing",
-                    "stop it when done (jax.profiler.stop_server); anyone who reaches it can trace",
-                )
-            )
-    for address, ranks in sorted(data_plane.items()):
+        out.extend(_jax_servers(rank, rep))
+    return out
+
+
+def _jax_servers(rank: int, rep: dict) -> list[Endpoint]:
+    """Servers JAX was configured to open (their ports are among the listening ones)."""
+    out = []
+    if rep["cross_host_transfer"]:
         out.append(
             Endpoint(
-                "JAX data plane (gloo collectives)",
-                address,
-                format_procs(ranks),
+                "JAX cross-host transfers",
+                rep["cross_host_transfer"],
+                format_procs([rank]),
                 "nothing",
                 ADVICE_PLAINTEXT_DATA,
+            )
+        )
+    if rep["profiler"]:
+        out.append(
+            Endpoint(
+                "JAX profiler server",
+                "(see listening ports)",
+                format_procs([rank]),
+                "nothing",
+                "stop it when done (jax.profiler.stop_server); anyone who reaches it can trace",
             )
         )
     return out
@@ -235,9 +336,12 @@ def _process_endpoints(cluster, reports: list[dict]) -> list[Endpoint]:
 def audit(cluster) -> list[Endpoint]:
     """Every endpoint of a running cluster with its protection, as measured now.
 
-    Asks every JAX process which TCP ports it listens on; ports that are neither the
-    coordination service nor a known ipyparallel socket are JAX's data plane (gloo
-    collectives, transfer servers), which JAX does not protect.
+    The sockets come from the operating system: those of the controller and its
+    scheduler processes, of every JAX process (each lists its own, and its nanny's) and
+    of the kernel's process. Each is named by the role that explains it; in a JAX process
+    a port that is neither the coordination service nor ipyparallel's is JAX's data plane
+    (or a server a cell started), which JAX does not protect. The Jupyter servers running
+    on this machine are listed last.
 
     Parameters
     ----------
@@ -247,23 +351,38 @@ def audit(cluster) -> list[Endpoint]:
     Returns
     -------
     list of Endpoint
+        The coordination service first.
     """
     from ..engine import probes
 
     cluster._require_ready()
+    reports = cluster.view.apply_sync(probes.network_endpoints)
     out = [_coordinator_endpoint(cluster)]
-    out.extend(_ipp_endpoints(cluster))
-    out.extend(_telemetry_endpoint(cluster))
-    out.extend(_process_endpoints(cluster, cluster.view.apply_sync(probes.network_endpoints)))
-    out.extend(_kernel_endpoint())
+    procs = {p.rank: p for p in cluster.processes}
+    out[0].pid = getattr(procs.get(0), "pid", None)
+    out.extend(_controller_endpoints(cluster))
+    out.extend(_process_endpoints(cluster, reports))
+    out.extend(_kernel_endpoints(cluster))
     out.extend(_server_endpoints())
     return out
 
 
 def format_audit(endpoints: list[Endpoint]) -> str:
-    """Render the audit as an aligned text table."""
+    """Render the audit as an aligned text table, one row per role, owner and host."""
+    groups: dict[tuple, list[str]] = {}
+    for e in endpoints:
+        host, sep, port = e.address.rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = e.address, ""
+        key = (e.name, host, e.owner, e.protection, e.advice)
+        groups.setdefault(key, [])
+        if port:
+            groups[key].append(port)
     header = ["endpoint", "address", "owner", "protected by", "advice"]
-    rows = [[e.name, e.address, e.owner, e.protection, e.advice] for e in endpoints]
+    rows = [
+        [name, f"{host}:{','.join(ports)}" if ports else host, owner, protection, advice]
+        for (name, host, owner, protection, advice), ports in groups.items()
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     lines = []
     for r in [header, *rows]:
@@ -275,9 +394,15 @@ def format_audit(endpoints: list[Endpoint]) -> str:
 
 def _footer(endpoints: list[Endpoint]) -> str:
     bare = [e for e in endpoints if e.protection == "nothing"]
-    if not bare:
-        return "every endpoint is protected"
-    return f"{len(bare)} endpoint(s) with no protection: see the advice column and docs/security.md"
+    unknown = [e for e in endpoints if e.protection == "unknown"]
+    lines = [f"{len(endpoints)} listening socket(s)"]
+    if not bare and not unknown:
+        lines.append("every endpoint is protected")
+    if bare:
+        lines.append(f"{len(bare)} with no protection: see the advice column and docs/security.md")
+    if unknown:
+        lines.append(f"{len(unknown)} not explained by any role: see the advice column")
+    return "; ".join(lines)
 
 
 def format_refusals(refusals: list, reporting: bool = True) -> str:

@@ -90,6 +90,26 @@ def inspect(code: str, cursor_pos: int, detail_level: int = 0) -> dict:
     return dict(kernel.do_inspect(code, cursor_pos, detail_level))
 
 
+def listening_sockets(pid: int | None = None) -> list[tuple[str, int]]:
+    """The TCP sockets a process listens on, as ``(host, port)``; empty if it is gone.
+
+    An IPv4 address seen through an IPv6 socket (``::ffff:127.0.0.1``) is given as IPv4.
+    """
+    import psutil
+
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+    return sorted(
+        {
+            (c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)
+            for c in conns
+            if c.status == psutil.CONN_LISTEN
+        }
+    )
+
+
 def network_endpoints() -> dict:
     """What this JAX process listens on, and the JAX settings that open sockets.
 
@@ -97,20 +117,16 @@ def network_endpoints() -> dict:
     -------
     dict
         ``listening``: ``[host, port]`` pairs of this process's listening TCP sockets;
-        ``cross_host_transfer``: the configured transfer socket address (or "");
-        ``profiler``: whether ``jax.profiler.start_server`` was called.
+        ``heartbeat_monitor``: the port of ipyparallel's heartbeat monitor among them (or
+        None); ``nanny``: the pid and the listening pairs of the engine's nanny process
+        (None without one); ``cross_host_transfer``: the configured transfer socket
+        address (or ""); ``profiler``: whether ``jax.profiler.start_server`` was called.
     """
     import sys
 
-    import psutil
+    from .. import _compat
 
-    listening = sorted(
-        {
-            (c.laddr.ip, c.laddr.port)
-            for c in psutil.Process().net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN
-        }
-    )
+    nanny = _compat.nanny_pid()
     transfer, profiler = "", False
     if "jax" in sys.modules:
         import jax
@@ -119,7 +135,11 @@ def network_endpoints() -> dict:
         prof = sys.modules.get("jax._src.profiler")
         profiler = getattr(prof, "_profiler_server", None) is not None
     return {
-        "listening": [list(x) for x in listening],
+        "listening": [list(x) for x in listening_sockets()],
+        "heartbeat_monitor": _compat.engine_heartbeat_monitor_port(),
+        "nanny": None
+        if nanny is None
+        else {"pid": nanny, "listening": [list(x) for x in listening_sockets(nanny)]},
         "cross_host_transfer": transfer,
         "profiler": profiler,
     }

@@ -261,8 +261,9 @@ def dashboard(session, args: argparse.Namespace) -> Any:
 def security(session, args: argparse.Namespace) -> None:
     """List every network endpoint of the cluster with what protects it.
 
-    Every process is asked which TCP ports it listens on, so JAX's data-plane ports are
-    found too. Below the table: every connection the coordination service refused (who,
+    The list comes from the operating system: every TCP port the controller and its
+    scheduler processes, each JAX process and the kernel listen on, each named by its role
+    (or as unknown). Below the table: every connection the coordination service refused (who,
     why, how often), then the health of the kernel's telemetry receiver (events taken,
     dropped by reason, refused handshakes, the last error).
 

@@ -156,9 +156,21 @@ class MultihostSession:
         return self.cluster.kill()
 
     def restart(self) -> float:
-        """Restart the whole JAX world. Returns the seconds until it was ready again."""
+        """Restart the whole JAX world. Returns the seconds until it was ready again.
+
+        A restart that fails stops the cluster; the user is told how to go on.
+        """
         cluster = self.require_cluster()
-        took = cluster.restart_sync()
+        try:
+            took = cluster.restart_sync()
+        except BaseException:
+            if cluster.state == "stopped":
+                print(
+                    "jaxsys: the restart failed and the cluster was stopped; "
+                    "start a new one with %jaxsys start",
+                    file=sys.stderr,
+                )
+            raise
         self.broken = None
         self.still_running = set()
         self.ledger.reset()
