@@ -188,9 +188,12 @@ export class JaxsysSidebar extends Widget {
       row.append(el('td'));
     }
     const cell = el('td', 'jaxsys-row-actions');
-    const kill = button('kill', 'jaxsys-kill', `SIGKILL process ${rank}`);
+    // Symbols keep the table narrow enough for the default sidebar width.
+    const kill = button('✕', 'jaxsys-kill', `kill process ${rank} (SIGKILL)`);
+    kill.setAttribute('aria-label', `kill p${rank}`);
     kill.addEventListener('click', () => void this.run('kill', rank));
-    const restart = button('restart', 'jaxsys-restart', `replace process ${rank}`);
+    const restart = button('↻', 'jaxsys-restart', `restart process ${rank}`);
+    restart.setAttribute('aria-label', `restart p${rank}`);
     restart.addEventListener('click', () => void this.run('restart', rank));
     cell.append(kill, restart);
     row.append(cell);
@@ -241,8 +244,9 @@ export class JaxsysSidebar extends Widget {
   private _onReply(_: JaxsysModel, reply: IReply): void {
     this._message.textContent = reply.message;
     this._message.classList.toggle('jaxsys-mod-error', !reply.ok);
-    const stamp = new Date().toLocaleTimeString();
-    const lines = [`${stamp} ${reply.action}: ${reply.message}`, ...reply.log];
+    // The kernel's log lines carry their own time; a bare answer gets one here.
+    const stamp = new Date().toLocaleTimeString([], { hour12: false });
+    const lines = reply.log.length ? reply.log : [`${stamp} ${reply.action}: ${reply.message}`];
     this._logLines = [...this._logLines, ...lines].slice(-MAX_LOG);
     this._log.textContent = this._logLines.join('\n');
   }
