@@ -10,6 +10,7 @@ other layout (several boxes, one reader per device, everything read) goes throug
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -18,6 +19,12 @@ import numpy as np
 from .counters import COUNTER
 from .planner import DataPlan, ProcessReads, box_size, plan
 from .sources import ArraySource, GrainSource, open_source, rows_in
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(shape: tuple[int, ...], sharding: Any, dtype: str, strategy: str) -> DataPlan:
+    # A loop loads batch after batch with one sharding: plan once (shardings are hashable).
+    return plan(shape, sharding, dtype, strategy=strategy)
 
 
 def _devices(sharding: Any) -> dict[int, Any]:
@@ -116,7 +123,10 @@ def global_batch(
     shape = src.batch_shape(None if global_shape is None else tuple(global_shape))
     if not shape:
         raise ValueError("a global batch needs at least one dim (the batch dim)")
-    p = plan(shape, sharding, src.dtype, strategy=strategy)
+    try:
+        p = _plan(shape, sharding, src.dtype.str, strategy)
+    except TypeError:  # an unhashable sharding
+        p = plan(shape, sharding, src.dtype, strategy=strategy)
     me = p.for_process(jax.process_index())
     if isinstance(src, GrainSource):
         if strategy != "process":

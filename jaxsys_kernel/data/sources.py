@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,15 +101,29 @@ class ArraySource:
         return start
 
 
-def _owned(values: Any) -> np.ndarray:
-    """A private, read-only copy.
+# JAX on CPU takes a host buffer without copying it only when it is aligned this much.
+ALIGN = 64
 
-    On CPU, JAX aliases read-only host buffers instead of copying them. A view of a
-    read-only memory map would then be read lazily, whenever a computation touches it, and
-    would change if the file did; a private copy is read now, once, and marking it
-    read-only lets the devices take it without a second copy.
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-ordered array whose data starts on an :data:`ALIGN` boundary."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes].view(dt).reshape(shape)
+
+
+def _owned(values: np.ndarray) -> np.ndarray:
+    """A private, aligned, read-only copy.
+
+    On CPU, JAX aliases aligned read-only host buffers instead of copying them. A view of
+    a read-only memory map would then be read lazily, whenever a computation touches it,
+    and would change if the file did; a private copy is read now, once, and being aligned
+    and read-only it goes to the devices without a second copy.
     """
-    out = np.array(values, copy=True, order="C")
+    out = aligned_empty(values.shape, values.dtype)
+    np.copyto(out, values)
     out.flags.writeable = False
     return out
 
@@ -132,6 +147,36 @@ def _will_need(mapping: mmap.mmap, array: np.ndarray, view: np.ndarray) -> None:
 def _address(mapping: mmap.mmap) -> int:
     """Where a read-only map starts in memory."""
     return np.frombuffer(mapping, dtype=np.uint8, count=0).__array_interface__["data"][0]
+
+
+class _OpenFiles:
+    """The last few ``.npy`` files opened, kept mapped while they do not change.
+
+    A loader reads the same file batch after batch; mapping it again each time would cost
+    a fresh page-table entry for every page read. A file whose inode, size or modification
+    time changed is mapped again.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._files: dict[str, tuple[tuple, np.ndarray, mmap.mmap]] = {}
+
+    def get(self, path: str | os.PathLike) -> tuple[np.ndarray, mmap.mmap]:
+        name = os.path.realpath(os.fspath(path))
+        st = os.stat(name)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._files.pop(name, None)
+            if hit is None or hit[0] != key:
+                hit = (key, *_open_npy(name))
+            self._files[name] = hit  # most recently used last
+            while len(self._files) > self._size:
+                self._files.pop(next(iter(self._files)))
+        return hit[1], hit[2]
+
+
+OPEN_FILES = _OpenFiles()
 
 
 def open_npy(path: str | os.PathLike) -> np.ndarray:
@@ -243,7 +288,9 @@ class GrainSource:
                 f"the dataset's share for shard {opts.shard_index} of {opts.shard_count} has "
                 f"{len(share)} records; batch {step} needs records {start}:{start + per_process}"
             )
-        rows = np.stack([np.asarray(share[i]) for i in range(start, start + per_process)])
+        records = [np.asarray(share[i]) for i in range(start, start + per_process)]
+        rows = aligned_empty((per_process, *records[0].shape), records[0].dtype)
+        np.stack(records, out=rows)
         rows.flags.writeable = False  # a private copy: the devices may take it as is
         return rows
 
@@ -257,7 +304,7 @@ def open_source(source: Any) -> ArraySource | GrainSource:
         For anything that is not an array, a ``.npy`` path or a Grain dataset.
     """
     if isinstance(source, str | os.PathLike):
-        array, mapping = _open_npy(source)
+        array, mapping = OPEN_FILES.get(source)
         return ArraySource(array, os.fspath(source), mapping)
     if isinstance(source, np.ndarray):
         kind = "memmap" if isinstance(source, np.memmap) else "array"
