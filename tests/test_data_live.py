@@ -121,6 +121,7 @@ def _load_alone(path, loader):
         os.close(fd)
         return [i for i, b in enumerate(vec.raw) if b & 1]
 
+    data.close_files()
     gc.collect()  # maps of earlier loads would keep their pages cached
     multihost_utils.sync_global_devices("collected")
     if jax.process_index() == 0:

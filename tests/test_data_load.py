@@ -219,3 +219,31 @@ def test_stats_gather_and_reset(result):
     assert st["after_reset"] == 0
     assert "p0: read 3.0 KiB (3072 bytes) in 1 slice, 1 batch" in st["text"]
     assert "share 1.0000" in st["text"]
+
+
+def test_npy_files_stay_mapped_until_they_change(tmp_path):
+    import numpy as np
+
+    from jaxsys_kernel.data import close_files, open_npy
+    from jaxsys_kernel.data.sources import OPEN_FILES, aligned_empty, open_source
+
+    close_files()
+    path = tmp_path / "a.npy"
+    np.save(path, np.arange(12, dtype=np.int16).reshape(3, 4))
+    first = open_source(str(path))
+    again = open_source(path)
+    assert first.array is again.array and first.mapping is again.mapping
+    assert not first.array.flags.writeable
+    os.utime(path, ns=(0, 0))  # a changed modification time: mapped again
+    assert open_source(path).array is not first.array
+    assert close_files() == 1 and len(OPEN_FILES._files) == 0
+    got = first.read((slice(1, 3), slice(0, 4)))
+    assert got.tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    assert got.ctypes.data % 64 == 0 and not got.flags.writeable
+    assert aligned_empty((5, 3), np.float64).ctypes.data % 64 == 0
+    np.save(tmp_path / "f.npy", np.asfortranarray(np.arange(6).reshape(2, 3)))
+    assert open_npy(tmp_path / "f.npy").tolist() == [[0, 1, 2], [3, 4, 5]]
+    np.save(tmp_path / "o.npy", np.array([{}], dtype=object))
+    with pytest.raises(ValueError, match="Python objects"):
+        open_npy(tmp_path / "o.npy")
+    close_files()

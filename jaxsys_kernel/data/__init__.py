@@ -31,6 +31,7 @@ from .planner import STRATEGIES, Block, DataPlan, ProcessReads, Read, plan
 _LAZY = {
     "global_batch": "load",
     "open_npy": "sources",
+    "close_files": "sources",
     "LoadStats": "counters",
     "StatsTable": "counters",
     "reset_stats": "counters",
@@ -54,6 +55,7 @@ __all__ = [
     "ProcessReads",
     "Read",
     "StatsTable",
+    "close_files",
     "global_batch",
     "open_npy",
     "plan",

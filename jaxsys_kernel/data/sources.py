@@ -175,8 +175,30 @@ class _OpenFiles:
                 self._files.pop(next(iter(self._files)))
         return hit[1], hit[2]
 
+    def clear(self) -> int:
+        """Forget every file; returns how many were open."""
+        with self._lock:
+            n = len(self._files)
+            self._files.clear()
+        return n
+
 
 OPEN_FILES = _OpenFiles()
+
+
+def close_files() -> int:
+    """Let go of the ``.npy`` files :func:`~jaxsys_kernel.data.global_batch` keeps mapped.
+
+    Their maps close once no array uses them (batches are copies, so none do). Until then a
+    mapped file's pages cannot be evicted from the page cache, and on some systems the file
+    cannot be replaced.
+
+    Returns
+    -------
+    int
+        How many files were open.
+    """
+    return OPEN_FILES.clear()
 
 
 def open_npy(path: str | os.PathLike) -> np.ndarray:
