@@ -185,12 +185,15 @@ CHILD = textwrap.dedent(
     import jax, jax.numpy as jnp
     from jaxsys_kernel.engine import cache, cache_dir
 
+    from jaxsys_kernel.telemetry import schema
+
     events = []
-    class Agent:
+    class Agent:  # sends what the real agent sends, decoded as the kernel decodes it
         rank = 0
         @staticmethod
         def send(kind, **kw):
-            events.append(dict(kw, kind=kind))
+            raw = json.dumps(schema.event(kind, 0, 0, 0.0, **kw)).encode()
+            events.append(schema.decode(raw))
     watch = cache.install(Agent)
     mode = sys.argv[2]
 
@@ -225,6 +228,11 @@ def run_child(directory, mode):
     # JAX's cache records must not reach the process's output while jaxsys explains them.
     assert "PERSISTENT COMPILATION CACHE MISS" not in proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_accounting_never_failed(runs):
+    for name, out in runs.items():
+        assert out["describe"]["errors"] == 0, (name, out["describe"]["last_error"])
 
 
 def compiles(out):

@@ -77,6 +77,9 @@ class CacheWatch:
         # Whether jaxsys turned jax_explain_cache_misses on (then its warnings are ours).
         self.explaining = False
         self._levels: dict[str, int] = {}
+        # Failures of the accounting itself (never raised into JAX): count and latest.
+        self.errors = 0
+        self.last_error = ""
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -150,8 +153,8 @@ class CacheWatch:
                 self._pending()["retrieval"] = duration
             elif event == BACKEND_COMPILE:
                 self._finish(duration, str(kwargs.get("fun_name", "")))
-        except Exception:  # noqa: BLE001 - the request is then simply not accounted for
-            pass
+        except Exception as e:  # noqa: BLE001 - the request is then not accounted for
+            self._failed(e)
         finally:
             if event == BACKEND_COMPILE:
                 self._pending().clear()
@@ -161,11 +164,15 @@ class CacheWatch:
         ours = False
         try:
             ours = self._read(record)
-        except Exception:  # noqa: BLE001 - accounting must never break logging or compiling
-            pass
+        except Exception as e:  # noqa: BLE001 - accounting must never break logging or compiling
+            self._failed(e)
         if ours and self.explaining:
             return False  # shown on demand (%jaxsys cache misses), never in cell output
         return record.levelno >= self._levels.get(record.name, logging.WARNING)
+
+    def _failed(self, error: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(error).__name__}: {error}"[:MAX_REASON]
 
     def _read(self, record: logging.LogRecord) -> bool:
         msg, args = str(record.msg), record.args or ()
@@ -208,9 +215,9 @@ class CacheWatch:
         self._note_miss("tracing", where, reason)
 
     def _note_miss(self, cache: str, fun: str, reason: str) -> None:
-        entry = {"t": time.time(), "cache": cache, "fun": fun, "reason": reason}
-        self.misses.append(entry)
-        self.send(schema.CACHE_MISS, **entry)
+        # The event carries its own time; the local list keeps one for %jaxsys cache misses.
+        self.send(schema.CACHE_MISS, cache=cache, fun=fun, reason=reason)
+        self.misses.append({"t": time.time(), "cache": cache, "fun": fun, "reason": reason})
 
     def _finish(self, duration: float, fun_name: str) -> None:
         import jax
@@ -329,14 +336,17 @@ def current() -> CacheWatch | None:
 
 
 def describe(limit: int = 50) -> dict:
-    """This process's cache set-up, outcome counts and newest miss explanations."""
+    """This process's cache set-up, outcome counts, newest miss explanations and how often
+    the accounting itself failed (``errors``, ``last_error``)."""
     watch = _watch
     if watch is None:
-        return {"config": None, "outcomes": {}, "misses": []}
+        return {"config": None, "outcomes": {}, "misses": [], "errors": 0, "last_error": ""}
     return {
         "config": watch.config(),
         "outcomes": dict(watch.outcomes),
         "misses": watch.recent_misses(limit),
+        "errors": watch.errors,
+        "last_error": watch.last_error,
     }
 
 
