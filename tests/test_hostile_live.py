@@ -175,6 +175,25 @@ def test_intruders_on_every_listening_port_leave_the_cluster_computing(k):
     assert health["live"] == ["alive", "alive"]
 
 
+def test_the_controllers_public_key_alone_runs_code_on_every_engine(k):
+    """What docs/security.md says: no client allow-list, no signing, with Curve on."""
+    import ipyparallel
+
+    path = k.ok(
+        "from jaxsys_kernel.cluster.profile import controller_file\n"
+        "_ipp = get_ipython()._jaxsys_session.cluster._ipp\n"
+        "print(controller_file(_ipp.profile_dir, _ipp.cluster_id, 'client'))"
+    ).stdout.strip()
+    info = json.loads(open(path).read())
+    assert info["curve_serverkey"] and info["key"] == ""  # Curve on, signing off
+    client = ipyparallel.Client(path, timeout=30)  # a key pair of its own
+    try:
+        pids = client[:].apply_sync(os.getpid)
+    finally:
+        client.close()
+    assert sorted(pids) == sorted(engine_pids(k))
+
+
 # -- a key holder -------------------------------------------------------------------------------
 
 
