@@ -10,7 +10,10 @@ PYTEST_ARGS ?=
 
 .PHONY: install lab test lint bench clean
 
-$(STAMP): pyproject.toml
+# The editable install also builds the JupyterLab extension (Node), again when its sources change.
+LABEXTENSION := labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts)
+
+$(STAMP): pyproject.toml $(LABEXTENSION)
 	@test -n "$(PYTHON)" || { echo "Python >= 3.12 is required (set PYTHON=/path/to/python3.12)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -40,4 +43,4 @@ bench: $(STAMP)
 	for b in collation telemetry_overhead sharding_scale refusals; do [ ! -f bench/$$b.py ] || $(PY) bench/$$b.py; done
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info labextension/lib labextension/prebuilt labextension/node_modules

@@ -9,6 +9,8 @@ process back, its stop ends a hung cell, and a kernel restart re-attaches the co
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from jaxsys_kernel import contract
 
 from .browser import (
+    ARTIFACTS,
     OUTPUT,
     Lab,
     available,
@@ -343,3 +346,23 @@ def open_notebook_7(page, lab: Lab, name: str, timeout: float = 120.0) -> None:
         timeout=timeout * 1000,
     )
     wait_for(page, ".jp-NotebookPanel .jp-Cell", timeout)
+
+
+def test_jupyterlab_browser_check_passes(tmp_path):
+    # Private Jupyter state, as the Lab helper keeps it (no user settings or extensions).
+    env = Lab(tmp_path / "root", work_dir=tmp_path / "state")._env()
+    env["JLAB_BROWSER_CHECK_OUTPUT"] = str(ARTIFACTS / "browser-check")
+    cmd = [
+        sys.executable,
+        str(Path(__file__).parent / "lab_browser_check.py"),
+        "--allow-root",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ]
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=240, start_new_session=True
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    assert "browser check: JupyterLab started without errors" in log, log[-4000:]

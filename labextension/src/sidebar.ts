@@ -246,7 +246,8 @@ export class JaxsysSidebar extends Widget {
     this._message.classList.toggle('jaxsys-mod-error', !reply.ok);
     // The kernel's log lines carry their own time; a bare answer gets one here.
     const stamp = new Date().toLocaleTimeString([], { hour12: false });
-    const lines = reply.log.length ? reply.log : [`${stamp} ${reply.action}: ${reply.message}`];
+    const told = reply.log.some(line => line.endsWith(reply.message));
+    const lines = told ? reply.log : [...reply.log, `${stamp} ${reply.action}: ${reply.message}`];
     this._logLines = [...this._logLines, ...lines].slice(-MAX_LOG);
     this._log.textContent = this._logLines.join('\n');
   }

@@ -1,0 +1,235 @@
+"""The labextension's packaging (one version, installed prebuilt) and the jaxsys comm's logic
+without a kernel: command parsing, the state it pushes, and following the telemetry hub."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from IPython.core.error import UsageError
+from packaging.version import Version
+
+from jaxsys_kernel import __version__
+from jaxsys_kernel.cluster.records import ProcessInfo
+from jaxsys_kernel.kernel import comm as jcomm
+from jaxsys_kernel.telemetry.schema import CacheStats, Liveness
+
+ROOT = Path(__file__).parent.parent
+EXT = ROOT / "labextension"
+PACKAGE = json.loads((EXT / "package.json").read_text())
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+# -- packaging ---------------------------------------------------------------------------------
+
+
+def test_python_and_package_json_have_one_version():
+    assert Version(PACKAGE["version"]) == Version(__version__), (PACKAGE["version"], __version__)
+
+
+def test_wheel_installs_the_prebuilt_extension_under_its_name():
+    shared = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+    out_dir = f"labextension/{PACKAGE['jupyterlab']['outputDir']}"
+    assert shared[out_dir] == f"share/jupyter/labextensions/{PACKAGE['name']}"
+    install = json.loads((EXT / "install.json").read_text())
+    assert install["packageName"] == PYPROJECT["project"]["name"]
+    assert install["packageManager"] == "python"
+    hook = PYPROJECT["tool"]["hatch"]["build"]["hooks"]["jupyter-builder"]
+    assert all(t.startswith(out_dir) for t in hook["ensured-targets"])
+    # The built output is never committed; the lockfile is.
+    tracked = subprocess.run(
+        ["git", "ls-files", "labextension"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    assert "labextension/yarn.lock" in tracked
+    assert not [t for t in tracked if t.split("/")[1] in ("prebuilt", "lib", "node_modules")]
+
+
+def test_labextension_list_shows_it_enabled_ok_and_prebuilt():
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter", "labextension", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+    line = f"{PACKAGE['name']} v{PACKAGE['version']} enabled OK (python, {PYPROJECT['project']['name']})"
+    assert line in text, text
+    installed = Path(sys.prefix) / "share/jupyter/labextensions" / PACKAGE["name"]
+    built = json.loads((installed / "package.json").read_text())
+    assert built["version"] == PACKAGE["version"]
+    assert built["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ({"type": "command", "action": "kill", "rank": 2, "id": "a"}, ("kill", 2, "a")),
+        ({"action": "stop", "rank": None}, ("stop", None, "")),  # a dashboard control
+        ({"type": "command", "action": "start"}, ("start", None, "")),
+    ],
+)
+def test_parse_command(data, expected):
+    assert jcomm.parse_command(data) == expected
+
+
+@pytest.mark.parametrize(
+    "data,fragment",
+    [
+        ("kill", "a JSON object"),
+        ({"action": "explode"}, "unknown action 'explode'"),
+        ({"action": "kill"}, "kill needs a process"),
+        ({"action": "restart", "rank": "2"}, "rank must be a process number"),
+        ({"action": "kill", "rank": -1}, "rank must be a process number"),
+        ({"action": "kill", "rank": True}, "rank must be a process number"),
+    ],
+)
+def test_parse_command_refuses_bad_input(data, fragment):
+    with pytest.raises(jcomm.CommandError, match=re.escape(fragment)):
+        jcomm.parse_command(data)
+
+
+# -- state -------------------------------------------------------------------------------------
+
+
+class FakeHub:
+    def __init__(self, states=None):
+        self.states = states or {}
+        self.subscribed: list = []
+
+    def liveness(self, cluster_states):
+        return [
+            Liveness(rank=r, state=self.states.get(r, "alive"), heartbeat_age=0.5, busy=r == 0)
+            if cluster_states[r] == "ready"
+            else Liveness(rank=r, state=cluster_states[r])
+            for r in sorted(cluster_states)
+        ]
+
+    def cache_stats(self):
+        return [CacheStats(rank=0, requests=4, hits=3), CacheStats(rank=1, requests=4, hits=1)]
+
+    def subscribe(self, callback, max_rate):
+        self.subscribed.append(callback)
+
+        def unsubscribe():
+            self.subscribed.remove(callback)
+
+        return unsubscribe
+
+
+def fake_cluster(states=("ready", "ready"), hub=None):
+    procs = [
+        ProcessInfo(rank=r, host="h", pid=100 + r, devices=[2 * r, 2 * r + 1], state=s)
+        for r, s in enumerate(states)
+    ]
+    return SimpleNamespace(
+        state="ready",
+        nprocs=len(procs),
+        processes=procs,
+        telemetry=hub,
+        security="mTLS on the coordination service",
+        heartbeat_timeout=10.0,
+        refresh_states=lambda: None,
+    )
+
+
+def test_state_without_a_cluster():
+    state = jcomm.cluster_state(SimpleNamespace(cluster=None), cell_running=True)
+    assert state["cluster"] is None and state["cell_running"] is True
+    assert state["kernel"]["version"] == __version__
+
+
+def test_state_of_a_healthy_cluster():
+    session = SimpleNamespace(cluster=fake_cluster(hub=FakeHub()))
+    c = jcomm.cluster_state(session)["cluster"]
+    assert (c["nprocs"], c["alive"], c["devices"], c["live_devices"]) == (2, 2, 4, 4)
+    assert c["warning"] is False
+    assert c["cache"]["requests"] == 8 and c["cache"]["hit_rate"] == 0.5
+    assert [p["busy"] for p in c["processes"]] == [True, False]
+    json.dumps(c)  # what the comm sends must be JSON
+
+
+@pytest.mark.parametrize(
+    "states,hub_states,alive,warning",
+    [
+        (("ready", "dead"), {}, 1, True),  # killed: the cluster knows at once
+        (("ready", "ready"), {1: "stuck"}, 1, True),  # late heartbeats while busy
+        (("ready", "restarting"), {}, 1, False),  # coming back: not a warning
+        (("ready", "ready"), {1: "unknown"}, 1, False),  # no heartbeat yet
+    ],
+)
+def test_state_counts_and_warns(states, hub_states, alive, warning):
+    session = SimpleNamespace(cluster=fake_cluster(states, FakeHub(hub_states)))
+    c = jcomm.cluster_state(session)["cluster"]
+    assert (c["alive"], c["warning"], c["live_devices"]) == (alive, warning, 2 * alive)
+
+
+def test_state_without_telemetry_uses_the_clusters_view():
+    session = SimpleNamespace(cluster=fake_cluster(("ready", "dead"), hub=None))
+    c = jcomm.cluster_state(session)["cluster"]
+    assert [p["state"] for p in c["processes"]] == ["alive", "dead"]
+    assert c["cache"] is None and c["warning"] is True
+
+
+# -- the comm object ---------------------------------------------------------------------------
+
+
+class FakeComm:
+    def __init__(self):
+        self.sent: list[dict] = []
+        self.handlers = {}
+
+    def send(self, data):
+        self.sent.append(data)
+
+    def on_msg(self, fn):
+        self.handlers["msg"] = fn
+
+    def on_close(self, fn):
+        self.handlers["close"] = fn
+
+
+def test_comms_follow_the_current_hub_and_stop_when_closed():
+    hub_a, hub_b = FakeHub(), FakeHub()
+    session = SimpleNamespace(cluster=fake_cluster(hub=hub_a))
+    comms = jcomm.ClusterComms(session)
+    comm = FakeComm()
+    comms.on_open(comm)
+    assert comm.sent[-1]["type"] == "state" and comm.sent[-1]["v"] == jcomm.SCHEMA_VERSION
+    assert len(hub_a.subscribed) == 1
+    hub_a.subscribed[0](hub_a)  # a telemetry update pushes the state
+    assert len(comm.sent) == 2
+    session.cluster = fake_cluster(hub=hub_b)  # a new cluster, a new hub
+    comms.push()
+    assert (len(hub_a.subscribed), len(hub_b.subscribed)) == (0, 1)
+    comm.handlers["close"]({})
+    assert hub_b.subscribed == [] and comms.comms == []
+
+
+def test_a_command_gets_a_reply_and_a_state():
+    def start():
+        raise UsageError("a cluster of 2 processes is already running")
+
+    session = SimpleNamespace(cluster=None, start=start)
+    comms = jcomm.ClusterComms(session)
+    comm = FakeComm()
+    comms.on_open(comm)
+    comm.handlers["msg"]({"content": {"data": {"type": "command", "action": "start", "id": "x"}}})
+    reply, state = comm.sent[-2:]
+    assert reply == {
+        "type": "reply",
+        "id": "x",
+        "action": "start",
+        "ok": False,
+        "message": "a cluster of 2 processes is already running",
+        "log": [],
+    }
+    assert state["type"] == "state"
