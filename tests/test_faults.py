@@ -89,6 +89,19 @@ def _send_custom(k, comm_id: str, content: dict) -> None:
     k.kc.shell_channel.send(msg)
 
 
+def _wait_for_stream(k, cell: str, text: str, deadline: float) -> None:
+    """Read iopub until the cell's output contains ``text``."""
+    while time.monotonic() < deadline:
+        msg = k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if (
+            msg["msg_type"] == "stream"
+            and msg["parent_header"].get("msg_id") == cell
+            and text in msg["content"]["text"]
+        ):
+            return
+    raise AssertionError(f"the cell did not print {text!r} in time")
+
+
 def test_dashboard_controls_work_while_a_cell_blocks(k):
     out = k.ok("%jaxsys dashboard")
     (live,) = [
@@ -97,9 +110,13 @@ def test_dashboard_controls_work_while_a_cell_blocks(k):
         if m["msg_type"] == "comm_open"
         and m["content"]["data"]["state"].get("_view_kind") == "live"
     ]
-    cell = k.kc.execute("%%multihost --procs 0,1\nimport time\ntime.sleep(20)")
+    cell = k.kc.execute(
+        "%%multihost --procs 0,1\nimport time\nprint('blocking', flush=True)\ntime.sleep(20)"
+    )
     t0 = time.monotonic()
-    time.sleep(1.0)
+    # The controls are exercised only once the cell is inside the cell driver: a stop that
+    # arrived while the kernel was still preparing the cell would be a plain interrupt.
+    _wait_for_stream(k, cell, "blocking", deadline=time.monotonic() + 30)
     _send_custom(k, live, {"action": "kill", "rank": 2})
     statuses: list[tuple[float, str]] = []
     idle_at = None
