@@ -186,6 +186,10 @@ class FakeComm:
     def __init__(self):
         self.sent: list[dict] = []
         self.handlers = {}
+        self.closed = False
+
+    def close(self):
+        self.closed = True
 
     def send(self, data):
         self.sent.append(data)
@@ -233,3 +237,12 @@ def test_a_command_gets_a_reply_and_a_state():
         "log": [],
     }
     assert state["type"] == "state"
+
+
+def test_comms_of_reloaded_pages_do_not_pile_up():
+    comms = jcomm.ClusterComms(SimpleNamespace(cluster=None))
+    opened = [FakeComm() for _ in range(jcomm.MAX_COMMS + 2)]
+    for comm in opened:
+        comms.on_open(comm)
+    assert comms.comms == opened[2:]
+    assert [c.closed for c in opened[:3]] == [True, True, False]

@@ -46,6 +46,8 @@ RANK_ACTIONS = ("kill", "restart")
 
 #: Most state pushes a second from telemetry (cells and commands push at once).
 MAX_RATE = 4.0
+#: Comms kept open at once: a reloaded page opens a new one and never closes the old.
+MAX_COMMS = 8
 #: Seconds ``stop-cluster`` waits for an interrupted cell to end before stopping anyway.
 STOP_WAIT = 30.0
 
@@ -242,6 +244,11 @@ class ClusterComms:
         comm.on_close(lambda _msg, comm=comm: self._closed(comm))
         with self._lock:
             self.comms.append(comm)
+            stale = self.comms[:-MAX_COMMS]
+            del self.comms[:-MAX_COMMS]
+        for old in stale:
+            with contextlib.suppress(Exception):
+                old.close()
         self.push()
 
     def _closed(self, comm) -> None:
