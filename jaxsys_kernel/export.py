@@ -111,6 +111,7 @@ def check_constraint(constraint: str, env: dict[str, int]) -> bool | None:
 
 def _flat_args(exp, args: tuple, kwargs: dict) -> list:
     import jax
+    __tracebackhide__ = True
 
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     if tree != exp.in_tree:
@@ -123,6 +124,7 @@ def _flat_args(exp, args: tuple, kwargs: dict) -> list:
 
 def _bind_dims(exp, names: list[str], leaves: list) -> tuple[dict, dict, list]:
     """Values of the dimension variables, where they came from, and dims left to check."""
+    __tracebackhide__ = True
     env: dict[str, int] = {}
     source: dict[str, str] = {}
     later: list[tuple[str, str, int]] = []
@@ -172,6 +174,7 @@ def _shape_text(aval) -> str:
 
 
 def _check_devices(exp, names: list[str], leaves: list) -> None:
+    __tracebackhide__ = True
     want = int(exp.nr_devices)
     for name, x in zip(names, leaves, strict=True):
         sharding = getattr(x, "sharding", None)
@@ -222,6 +225,7 @@ def check_call(
     """
     from .engine.export_info import constraints_of, leaf_names, symbols_of
 
+    __tracebackhide__ = True
     leaves = _flat_args(exp, args, kwargs or {})
     names = leaf_names(exp.in_tree, len(exp.in_avals), "args")
     env, source, later = _bind_dims(exp, names, leaves)
@@ -281,6 +285,7 @@ class LoadedExport:
         """Call the computation (inside ``jax.jit`` too), after checking the arguments."""
         from .engine.export_info import constraints_of, symbols_of
 
+        __tracebackhide__ = True  # the user's call is the news, not jaxsys's own frames
         exp = self.exported
         if self._constraints is None:
             self._constraints = constraints_of(exp, symbols_of(exp.in_avals))

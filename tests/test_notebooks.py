@@ -33,6 +33,23 @@ EXPECTED = {
         "jaxsys hang doctor: p2 failed",
         "checkpoint restored: step 14",
     ],
+    "05-export-and-shape-polymorphism.ipynb": [
+        "f32[4*b, 16]",
+        "b >= 1, b <= 256",
+        "no (exported for cuda, tpu; this process is cpu)",
+        "[p0-1] in: float32[4*b,16] -> out: float32[8*b,16]",
+        "this jaxlib accepts 9 to 10",
+        "p0 batch 1000: (1000, 2), my rows match NumPy: True",
+        "p1 batch 1000: (1000, 2), my rows match NumPy: True",
+    ],
+    "06-compilation-cache.ipynb": [
+        "jit_train_step",
+        "p1: not served by the cache: on CPU",
+        "p0: served. 2 request(s): 2 hit(s), 0 shared, 0 compiled here",
+        "jit_train_step is cached under another key",
+        "below the 30 s minimum",
+        "jaxsys: removed",
+    ],
     "04-security.ipynb": [
         "did it join? False",
         "connection(s) from 127.0.0.1: it hung up during the handshake",

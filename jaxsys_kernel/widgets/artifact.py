@@ -63,7 +63,7 @@ def card_rows(info: dict) -> list[tuple[str, str]]:
         ("serialized", _size(int(info.get("serialized_bytes", 0)))),
         ("checks off", ", ".join(info.get("disabled_checks") or []) or "none"),
         ("effects", ", ".join(info.get("effects") or []) or "none"),
-        ("derivatives", "saved with it" if info.get("has_vjp") else "none saved"),
+        ("derivatives", "reverse-mode available" if info.get("has_vjp") else "none"),
     ]
     if info.get("path"):
         rows.append(("file", str(info["path"])))

@@ -119,7 +119,7 @@ export function renderCard(info, root) {
   root.append(fact("serialized", formatSize(info.serialized_bytes ?? 0)));
   root.append(fact("checks off", (info.disabled_checks || []).join(", ") || "none"));
   root.append(fact("effects", (info.effects || []).join(", ") || "none"));
-  root.append(fact("derivatives", info.has_vjp ? "saved with it" : "none saved"));
+  root.append(fact("derivatives", info.has_vjp ? "reverse-mode available" : "none"));
   if (info.path) root.append(fact("file", info.path));
 }
 
