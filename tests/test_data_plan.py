@@ -292,10 +292,19 @@ def test_svg_of_large_and_odd_shapes():
     assert three_d.for_process(0).nbytes == 2 * 6 * 8
 
 
-def test_pretty_print_is_the_table(dp_plan):
+def test_repr_is_one_line_and_str_the_table(dp_plan):
     from IPython.lib.pretty import pretty
 
-    assert pretty(dp_plan) == str(dp_plan)
+    # A cell ending in a plan shows the view; its value's text stays one line.
+    assert (
+        pretty(dp_plan)
+        == repr(dp_plan)
+        == (
+            "DataPlan(float32[64, 128], P('batch',), strategy='process', processes=4, "
+            "reads 32768 bytes of a 32768-byte batch)"
+        )
+    )
+    assert str(dp_plan).startswith("DataPlan float32[64, 128]")
 
 
 def test_palettes_agree():

@@ -26,6 +26,21 @@ EXPECTED = {
         "JAX imported in the kernel: False",
         "[p3] 30",
     ],
+    "02-data-loading.ipynb": [
+        "[p0-3] values match the file: True",
+        # pure data parallelism: a quarter each, the batch read once in all
+        "[p0-3] share of the bytes read: [0.25, 0.25, 0.25, 0.25] | read 1.00 x the batch",
+        "[p0-3] p3: read 512.0 KiB (524288 bytes) in 1 slice, 1 batch",
+        "[p0-3] largest value, found across all processes: 524287.0",
+        # one pipeline per device reads replicated rows twice
+        "[p0-3] p0: read 1.0 MiB (1048576 bytes) in 2 slices, 1 batch",
+        "[p0-3] layout after the reshard: P(None, 'batch')",
+        "  p0       d0-1        1      512   512.0 KiB  25.0%  -",
+        "[p3] examples in my rows of batch 1: [19, 23, 27, 31]",
+        "[p0,2] my rows of the Grain batch start with examples [0, 8]",
+        "[p0-3] processes that must read the same rows: [(0, 2), (1, 3)]",
+        "[p2-3] sum of the 'replicated' batch: 160.0",
+    ],
     "03-fault-tolerance.ipynb": [
         # Without process prefixes: survivors may see the failure a collation window apart.
         "ProcessFailureError: lost devices [6144]",

@@ -372,10 +372,6 @@ class DataPlan:
 
         return plan_svg(self.summary())
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        # The table, not the dataclass fields, is what a cell ending in a plan prints.
-        p.text(str(self))
-
     def __str__(self) -> str:
         from .draw import plan_text
 
@@ -385,7 +381,7 @@ class DataPlan:
         return (
             f"DataPlan({self.dtype}{list(self.shape)}, {self.sharding or 'sharding'}, "
             f"strategy={self.strategy!r}, processes={len(self.processes)}, "
-            f"read {self.total_read} of {self.nbytes} bytes)"
+            f"reads {self.total_read} bytes of a {self.nbytes}-byte batch)"
         )
 
 
