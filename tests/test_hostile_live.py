@@ -17,7 +17,15 @@ import psutil
 import pytest
 
 from .harness import kernel_with_cluster, tagged_processes
-from .intruders import KINDS, MALFORMED, knock_all, zmtp_mechanism
+from .intruders import (
+    AUDIT_CELL,
+    HEALTH_CELL,
+    KEY_HOLDER,
+    KINDS,
+    MALFORMED,
+    knock_all,
+    zmtp_mechanism,
+)
 
 COLLECTIVE = """%%multihost --timeout 60
 import jax, jax.numpy as jnp
@@ -25,55 +33,6 @@ from jax.experimental import multihost_utils as mu
 print('sum', float(mu.process_allgather(jnp.ones(2) * (jax.process_index() + 1)).sum()))
 """
 COMPUTES = "[p0-1] sum 6.0\n"
-
-# Run in the kernel: the audit, and psutil's listening sockets of every process of the
-# cluster (controller, its schedulers, engines, nannies) and of the kernel itself.
-AUDIT_CELL = """
-import json, os, psutil
-from jaxsys_kernel.cluster.audit import audit
-from jaxsys_kernel.cluster.teardown import census
-from jaxsys_kernel.engine.probes import listening_sockets
-_c = get_ipython()._jaxsys_session.cluster
-_ctl = psutil.Process(_c._ipp.controller.pid)
-_pids = {os.getpid(), *census(_c), *(q.pid for q in _ctl.children(recursive=True))}
-print(json.dumps({
-    "audit": [e.to_dict() for e in audit(_c)],
-    "os": sorted({f"{h}:{p}" for pid in _pids for h, p in listening_sockets(pid)}),
-    "rss": psutil.Process().memory_info().rss,
-}))
-"""
-
-HEALTH_CELL = """
-import json
-_c = get_ipython()._jaxsys_session.cluster
-_h = _c.telemetry
-print(json.dumps({
-    "health": _h.health().to_dict(),
-    "live": [lv.state for lv in _h.liveness()],
-    "refused": [r.host for r in _h.refusals()],
-}))
-"""
-
-# Code any cell on an engine can run: the telemetry key is in its environment.
-KEY_HOLDER = """%%multihost --procs 1
-import json, os, time, zmq
-_s = zmq.Context.instance().socket(zmq.PUSH)
-_s.linger = 30000
-_pub, _sec = zmq.curve_keypair()
-_s.curve_serverkey = os.environ["JAXSYS_TELEMETRY_KEY"].encode()
-_s.curve_publickey, _s.curve_secretkey = _pub, _sec
-_s.connect(os.environ["JAXSYS_TELEMETRY"])
-for _raw in {malformed!r}:
-    _s.send(_raw)
-_s.send(json.dumps({{"v": 1, "kind": "refused", "rank": 0, "inc": 1, "t": time.time(),
-                     "peer": "10.9.8.7:4242", "error": "PEER_DID_NOT_RETURN_A_CERTIFICATE"}}).encode())
-_huge = b'{{"v": 1, "kind": "stacks", "rank": 1, "inc": 1, "t": 0, "text": "' + b"x" * (50 << 20) + b'"}}'
-for _ in range(8):
-    _s.send(_huge)
-del _huge
-_s.close()
-print("sent")
-"""
 
 
 @pytest.fixture(scope="module")
