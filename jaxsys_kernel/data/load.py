@@ -49,6 +49,20 @@ def _assemble(p: DataPlan, me: ProcessReads, datas: list[np.ndarray], sharding: 
     return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
+def _read(src: ArraySource | GrainSource, p: DataPlan, me: ProcessReads, step: int):
+    """This process's reads of batch ``step``, with the bytes and slices they took."""
+    if isinstance(src, GrainSource):
+        if p.strategy != "process":
+            raise ValueError(
+                f"a Grain source is read by one pipeline per process; strategy={p.strategy!r} "
+                "needs an array or .npy source"
+            )
+        return _grain_reads(src, p, me, step)
+    offset = src.check_rows(p.shape[0], step)
+    datas = [src.read(r.slices(offset)) for r in me.reads]
+    return datas, sum(box_size(r.index) for r in me.reads) * p.itemsize, len(me.reads)
+
+
 def _grain_reads(src: GrainSource, p: DataPlan, me: ProcessReads, step: int):
     """This process's reads cut out of its rows of the record stream."""
     local = src.local_rows(p, me, step)
@@ -128,19 +142,7 @@ def global_batch(
     except TypeError:  # an unhashable sharding
         p = plan(shape, sharding, src.dtype, strategy=strategy)
     me = p.for_process(jax.process_index())
-    if isinstance(src, GrainSource):
-        if strategy != "process":
-            raise ValueError(
-                f"a Grain source is read by one pipeline per process; strategy={strategy!r} "
-                "needs an array or .npy source"
-            )
-        datas, nbytes, slices = _grain_reads(src, p, me, step)
-    else:
-        assert isinstance(src, ArraySource)
-        offset = src.check_rows(shape[0], step)
-        datas = [src.read(r.slices(offset)) for r in me.reads]
-        nbytes = sum(box_size(r.index) for r in me.reads) * p.itemsize
-        slices = len(me.reads)
+    datas, nbytes, slices = _read(src, p, me, step)
     out = _assemble(p, me, datas, sharding)
     COUNTER.add(nbytes, slices, time.perf_counter() - t0)
     return out
