@@ -166,7 +166,7 @@ def main() -> int:
         f"device, median of {args.rounds} round(s); load average "
         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
-    print(f"{'process':<8} {'cold s':>8} {'warm s':>8} {'ratio':>7}  cache (warm run, last round)")
+    print(f"{'process':<8} {'cold s':>8} {'warm s':>8} {'ratio':>8}  cache (warm run, last round)")
     met = True
     for r in ranks:
         s = stats[r]
@@ -179,7 +179,7 @@ def main() -> int:
             )
         else:
             note = f"{s.hits}/{s.requests} hits; {s.why_not or 'not served'}"
-        print(f"p{r:<7} {cold[r]:>8.3f} {warm[r]:>8.3f} {ratio:>6.2f}x  {note}")
+        print(f"p{r:<7} {cold[r]:>8.3f} {warm[r]:>8.3f} {ratio:>6.3f}x  {note}")
     served = [r for r in ranks if stats[r].served]
     print(
         f"target: warm/cold <= {TARGET} on every served process ({', '.join(f'p{r}' for r in served)})"
