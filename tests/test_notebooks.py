@@ -39,6 +39,9 @@ EXPECTED = {
         "[p3] examples in my rows of batch 1: [19, 23, 27, 31]",
         "[p0,2] my rows of the Grain batch start with examples [0, 8]",
         "[p0-3] processes that must read the same rows: [(0, 2), (1, 3)]",
+        # the plan views (their text form): partners named, half the batch each
+        "  p0       d0-1        1      1     1.0 MiB  50.0%  p1",
+        "  p3       d6144-6145  1      1     1.0 MiB  50.0%  p1",
         "[p2-3] sum of the 'replicated' batch: 160.0",
     ],
     "03-fault-tolerance.ipynb": [
