@@ -323,6 +323,9 @@ def test_quickstart_in_notebook7(tag, tmp_path):
                 wait_for(page, f"{OUTPUT}:has-text('as expected: True')", 60)
                 _wait_status(page, "none", "no cluster", timeout=120)
                 wait_idle(page, 60)
+                # A click on the item opens the sidebar in Notebook 7's left area.
+                page.locator(STATUS).click()
+                wait_for(page, f"{SIDEBAR} .jaxsys-summary:has-text('no cluster')", 10)
                 screenshot(page, "notebook7-quickstart.png")
                 texts = page.evaluate("() => window.__jaxsysTexts")
                 assert any(t.startswith("jaxsys 4/4 · 8 devices") for t in texts), texts
