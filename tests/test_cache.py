@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -337,3 +338,33 @@ def test_start_refuses_the_share_flag_with_a_usage_error(monkeypatch):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     with pytest.raises(UsageError, match="refused on CPU clusters"):
         MultihostSession().start(hosts=2)
+
+
+# -- %jaxsys cache: bad input -----------------------------------------------------------------
+
+
+class NoCluster:
+    def require_cluster(self):
+        from IPython.core.error import UsageError
+
+        raise UsageError("no cluster is running; start one with %jaxsys start")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("cache --min-compile-secs -1", "expected 0 or more seconds, got '-1'"),
+        ("cache --min-compile-secs soon", "expected a number of seconds, got 'soon'"),
+        ("cache --min-entry-bytes -2", "expected -1 (no minimum) or more bytes, got '-2'"),
+        ("cache --min-entry-bytes 1.5", "expected a whole number of bytes, got '1.5'"),
+        ("cache empty", "invalid choice: 'empty'"),
+        ("cache", "no cluster is running"),
+    ],
+)
+def test_cache_action_refuses_bad_input_with_a_usage_error(line, message):
+    from IPython.core.error import UsageError
+
+    from jaxsys_kernel.magics import actions
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        actions.dispatch(NoCluster(), line)
