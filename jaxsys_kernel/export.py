@@ -111,6 +111,7 @@ def check_constraint(constraint: str, env: dict[str, int]) -> bool | None:
 
 def _flat_args(exp, args: tuple, kwargs: dict) -> list:
     import jax
+
     __tracebackhide__ = True
 
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
