@@ -131,6 +131,7 @@ def _load_alone(path, loader):
         os.close(fd)
     multihost_utils.sync_global_devices("dropped")
     before = pages()
+    multihost_utils.sync_global_devices("measured")  # nobody loads before all have looked
     data.reset_stats()
     s = NamedSharding(jax.make_mesh((4,), ("batch",)), P("batch"))
     if jax.process_index() == loader:
@@ -147,7 +148,7 @@ def test_npy_pages_read_are_the_process_half(cluster, npy):
     seen = []
     for loader in (0, 1):
         results = cluster.view.apply_sync(_load_alone, npy, loader)
-        if results[0]["before"]:
+        if any(r["before"] for r in results):
             pytest.skip("this filesystem keeps the file cached after POSIX_FADV_DONTNEED")
         assert [r["bytes"] for r in results] == [128 * 1024 if i == loader else 0 for i in (0, 1)]
         cached = results[loader]["after"]
