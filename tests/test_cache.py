@@ -207,6 +207,11 @@ CHILD = textwrap.dedent(
     if mode == "record-other-jaxlib":
         # Pretend an older jaxlib wrote this module's entry under its own key.
         cache_dir.write_record(sys.argv[1], "jit_step-0ld", {"jaxlib": "0.0.1", "written": 0})
+    if mode == "other-jaxlib-next-door":
+        # As in the default layout, one directory per version: the old one beside this one.
+        import pathlib
+        old = pathlib.Path(sys.argv[1]).parent / "jaxlib-0.0.2"
+        cache_dir.write_record(old, "jit_step-0ld", {"jaxlib": "0.0.2", "written": 0})
     if mode == "high-threshold":
         cache.set_thresholds(min_compile_secs=600)
     jax.jit(step)(x).block_until_ready()
@@ -251,7 +256,9 @@ def runs(tmp_path_factory):
     warm = run_child(warm_dir, "plain")
     high = run_child(tmp_path_factory.mktemp("cache"), "high-threshold")
     other = run_child(tmp_path_factory.mktemp("cache"), "record-other-jaxlib")
-    return {"cold": cold, "warm": warm, "high": high, "other": other}
+    versions = tmp_path_factory.mktemp("versions")
+    next_door = run_child(versions / "jaxlib-0.12", "other-jaxlib-next-door")
+    return {"cold": cold, "warm": warm, "high": high, "other": other, "next_door": next_door}
 
 
 def test_a_hit_saves_the_original_compile_time(runs):
@@ -283,6 +290,8 @@ def test_another_jaxlibs_entry_is_the_reason_for_a_miss(runs):
     assert c["reason"].startswith(
         "entries for jit_step were made by jaxlib 0.0.1; this process runs"
     )
+    (c,) = compiles(runs["next_door"])
+    assert c["reason"].startswith("entries for jit_step were made by jaxlib 0.0.2")
     misses = runs["other"]["describe"]["misses"]
     assert misses and misses[-1]["cache"] == "persistent" and "0.0.1" in misses[-1]["reason"]
 

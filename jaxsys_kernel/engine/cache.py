@@ -298,7 +298,14 @@ class CacheWatch:
     def _why_no_entry(self, module: str, key: str, directory: str | None) -> str:
         mine = _jaxlib_version()
         earlier = [r for r in cache_dir.records_for(directory, module) if r["key"] != key]
-        other = sorted({r.get("jaxlib") for r in earlier if r.get("jaxlib") != mine} - {None})
+        elsewhere = [
+            r
+            for d in (cache_dir.sibling_versions(directory) if directory else [])
+            for r in cache_dir.records_for(d, module)
+        ]
+        other = sorted(
+            {r.get("jaxlib") for r in earlier + elsewhere if r.get("jaxlib") != mine} - {None}
+        )
         if other:
             return (
                 f"entries for {module} were made by jaxlib {', '.join(other)}; this process "

@@ -70,6 +70,21 @@ def records_for(cache_dir: str | os.PathLike, module: str) -> list[dict]:
     return sorted(out, key=lambda r: r.get("written", 0))
 
 
+def sibling_versions(cache_dir: str | os.PathLike) -> list[Path]:
+    """Directories of other jaxlib versions beside a per-version one (``.../jaxlib-X``).
+
+    jaxsys's default directory is one per jaxlib version, so after an upgrade the entries
+    of the old version sit next door; they explain why the new one starts cold.
+    """
+    here = Path(cache_dir)
+    if not here.name.startswith("jaxlib-"):
+        return []
+    try:
+        return sorted(p for p in here.parent.glob("jaxlib-*") if p.is_dir() and p != here)
+    except OSError:
+        return []
+
+
 def stored_seconds(path: str | os.PathLike) -> int | None:
     """The whole-second compile time JAX stored in front of an entry (None if unreadable)."""
     try:
