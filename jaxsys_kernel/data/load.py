@@ -91,8 +91,9 @@ def global_batch(
     ----------
     source : numpy.ndarray, numpy.memmap, str or os.PathLike, or Grain dataset
         An array holding the global batch (or several along dim 0; see ``step``), a path
-        to a ``.npy`` file (memory-mapped, read by slices, never whole), or a Grain
-        ``MapDataset`` / random-access data source whose records are rows.
+        to a ``.npy`` file (memory-mapped, read by slices, never whole; it stays mapped
+        between calls until it changes or :func:`~jaxsys_kernel.data.close_files`), or a
+        Grain ``MapDataset`` / random-access data source whose records are rows.
     sharding : jax.sharding.Sharding
         The layout of the global batch.
     global_shape : tuple of int, optional

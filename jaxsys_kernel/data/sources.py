@@ -13,6 +13,7 @@ to agree on which records form a global batch: the per-replica batches are indep
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
@@ -240,14 +241,22 @@ def _open_npy(path: str | os.PathLike) -> tuple[np.ndarray, mmap.mmap]:
 
 @dataclass
 class GrainSource:
-    """A Grain ``MapDataset`` (or data source) whose records are the rows of a batch."""
+    """A Grain ``MapDataset`` (or data source) whose records are the rows of a batch.
+
+    The first record is read once, to learn the records' shape and type before planning;
+    that read is not counted in the statistics.
+    """
 
     dataset: Any
+
+    @functools.cached_property
+    def _first(self) -> np.ndarray:
+        return np.asarray(self.dataset[0])
 
     @property
     def dtype(self) -> np.dtype:
         """Element type of the first record."""
-        return np.asarray(self.dataset[0]).dtype
+        return self._first.dtype
 
     def batch_shape(self, global_shape: tuple[int, ...] | None) -> tuple[int, ...]:
         """The global batch's shape, which a record stream cannot guess.
@@ -262,7 +271,7 @@ class GrainSource:
                 "a Grain source has no batch size: pass global_shape=(batch, *record_shape)"
             )
         want = tuple(int(n) for n in global_shape)
-        record = tuple(np.asarray(self.dataset[0]).shape)
+        record = tuple(self._first.shape)
         if record != want[1:]:
             raise ValueError(
                 f"records have shape {list(record)}; global_shape {list(want)} needs "
