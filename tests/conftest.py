@@ -9,6 +9,19 @@ import pytest
 from .harness import TAG_VAR, kernel_with_cluster, new_tag, wait_no_processes
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory):
+    """Every cluster the suite starts uses a compilation cache of the run's own, empty at the
+    start: tests never read or fill the user's cache, and no run depends on an earlier one."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="module")
 def tag():
     """A tag for this module's processes; after the module none may be left."""
