@@ -258,6 +258,8 @@ def test_the_action_table():
         "--ca-file",
         "--cert-dir",
         "--heartbeat",
+        "--no-recoverability",
+        "--explain",
     }
     assert OWN["kill"] == {"P", "--signal"} and OWN["inspect"] == {"NAME", "--detail"}
     assert OWN["logs"] == {"P", "--tail"} and OWN["restart"] == {"P"}

@@ -282,6 +282,8 @@ async def init_jax(cluster, deadline_s: float, ranks: Sequence[int] | None = Non
         p = cluster.processes[r]
         p.devices = result["local_devices"]
         p.platform = result["platform"]
+        p.init_call = result.get("call", {})
+        p.init_settings = result.get("settings", [])
         p.state = "ready"
 
 

@@ -47,10 +47,16 @@ class ProcessInfo:
     devices: list[int] = field(default_factory=list)
     platform: str = ""
     state: str = "starting"
+    # The jax.distributed.initialize arguments and JAX options the process reported
+    # (for %jaxsys start --explain); not part of the status rows.
+    init_call: dict = field(default_factory=dict)
+    init_settings: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        """Return the fields as a plain, JSON-ready dict."""
-        return asdict(self)
+        """Return the fields as a plain, JSON-ready dict (without the initialisation record)."""
+        d = asdict(self)
+        del d["init_call"], d["init_settings"]
+        return d
 
     @classmethod
     def from_description(cls, rank: int, info: dict) -> ProcessInfo:

@@ -290,13 +290,14 @@ def _join(
         kwargs["coordinator_bind_address"] = bind_address
     if heartbeat_timeout is not None:
         kwargs["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=int(max(1, timeout)),
+    call = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+        "initialization_timeout": int(max(1, timeout)),
         **kwargs,
-    )
+    }
+    jax.distributed.initialize(**call)
     # Touching the devices completes backend start-up (the topology exchange), so a
     # process that cannot start its backend fails here, inside the deadline, not later.
     local = jax.local_devices()
@@ -312,4 +313,29 @@ def _join(
         "device_count": jax.device_count(),
         "platform": local[0].platform if local else "",
         "seconds": time.perf_counter() - t0,
+        # What %jaxsys start --explain shows: the call made and the settings it ran under.
+        "call": call,
+        "settings": _explained_settings(jax),
     }
+
+
+# The JAX options that shape initialize() besides its arguments, each with the environment
+# variable that set it here (JAX reads JAX_<NAME> into jax_<name> at import).
+EXPLAINED_OPTIONS = (
+    "jax_enable_recoverability",
+    "jax_mtls_cert_file",
+    "jax_mtls_key_file",
+    "jax_mtls_ca_file",
+    "jax_mtls_peer_uri_prefix",
+    "jax_distributed_verify_secure_credentials",
+)
+
+
+def _explained_settings(jax) -> list[dict]:
+    """Each explained option's value in this process and the variable that set it."""
+    rows = []
+    for name in EXPLAINED_OPTIONS:
+        value = getattr(jax.config, name, None)
+        var = name.upper()
+        rows.append({"option": name, "value": value, "env": var, "env_value": os.environ.get(var)})
+    return rows

@@ -20,6 +20,7 @@ from .._ranges import format_procs
 from . import actions_help
 from .actions_args import count, env_pairs, rank, seconds, split
 from .actions_cache import cache
+from .actions_guard import transfer_guard
 from .actions_help import Action
 
 # Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
@@ -108,6 +109,16 @@ def format_status(rows: list[dict]) -> str:
     metavar="SECONDS",
     help="seconds without heartbeats before JAX declares a process dead (default 10)",
 )
+@argument(
+    "--no-recoverability",
+    action="store_true",
+    help="JAX without recoverability: when one process dies the others are stopped too",
+)
+@argument(
+    "--explain",
+    action="store_true",
+    help="print, per process, the jax.distributed.initialize call and JAX options it used",
+)
 def start(session, args: argparse.Namespace) -> None:
     """Launch one process per host and join them into one JAX world.
 
@@ -115,13 +126,17 @@ def start(session, args: argparse.Namespace) -> None:
     ``jax.distributed``. Clusters are secure by default: mutual TLS on JAX's coordination
     service with certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
     ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure`` turns
-    both off. JAX's recoverability is on, so the survivors of a death keep running.
+    both off. JAX's recoverability is on, so the survivors of a death keep running;
+    ``--no-recoverability`` turns it off, and then processes share one fate. ``--explain``
+    prints what each process did, as the plain JAX a standalone program would run.
 
     Examples
     --------
     ::
 
         %jaxsys start --hosts 4 --devices-per-host 2
+        %jaxsys start --hosts 2 --explain
+        %jaxsys start --hosts 2 --no-recoverability
         %jaxsys start --hosts 2 --cache-dir /tmp/jax-cache --env XLA_FLAGS=--xla_dump_to=/tmp/x
         %jaxsys start --launcher ssh --hosts node1,node2
     """
@@ -141,7 +156,13 @@ def start(session, args: argparse.Namespace) -> None:
         cert_dir=args.cert_dir,
         env=env_pairs(args.env),
         **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
+        **({"recoverable": False} if args.no_recoverability else {}),
     )
+    if args.explain:
+        from .explain import explain
+
+        cluster = session.require_cluster()
+        print(explain(cluster.processes, cluster.security))
 
 
 @magic_arguments("jaxsys stop")
@@ -411,6 +432,7 @@ ACTIONS: dict[str, Action] = {
         Action("inspect", inspect_, "%jaxsys inspect needs a name, e.g. %jaxsys inspect jnp.sum"),
         Action("logs", logs, "%jaxsys logs needs a process, e.g. %jaxsys logs 0"),
         Action("cache", cache),
+        Action("transfer-guard", transfer_guard),
     )
 }
 

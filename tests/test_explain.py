@@ -1,0 +1,133 @@
+"""``%jaxsys start --explain`` and ``--no-recoverability``: the plain-JAX call each process
+made, rendered from what it reported; fate-sharing on a real cluster without recoverability."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from IPython.testing.globalipapp import start_ipython
+
+from jaxsys_kernel.cluster.records import ProcessInfo
+from jaxsys_kernel.magics.explain import explain
+from jaxsys_kernel.magics.magics import JaxSysMagics
+
+from .harness import Kernel
+
+
+def record(rank: int, recoverable: bool, mtls: bool) -> ProcessInfo:
+    settings = [
+        {
+            "option": "jax_enable_recoverability",
+            "value": recoverable,
+            "env": "JAX_ENABLE_RECOVERABILITY",
+            "env_value": "1" if recoverable else None,
+        },
+        {
+            "option": "jax_mtls_cert_file",
+            "value": f"/pki/process-{rank}.pem" if mtls else None,
+            "env": "JAX_MTLS_CERT_FILE",
+            "env_value": f"/pki/process-{rank}.pem" if mtls else None,
+        },
+    ]
+    call = {
+        "coordinator_address": "10.0.0.1:1234",
+        "num_processes": 2,
+        "process_id": rank,
+        "initialization_timeout": 60,
+        "heartbeat_timeout_seconds": 5,
+    }
+    return ProcessInfo(
+        rank=rank, pid=100 + rank, host=f"h{rank}", init_call=call, init_settings=settings
+    )
+
+
+def test_explain_renders_each_process_call_and_options():
+    text = explain([record(0, True, True), record(1, True, True)], "mTLS (test)")
+    blocks = text.split("\n\n")
+    assert blocks[0] == "# security: mTLS (test)"
+    assert blocks[1].startswith("# process 0 (pid 100 on h0)\nimport jax\n")
+    assert "process_id=1," in blocks[2] and "process_id=0," not in blocks[2]
+    assert "jax.config.update('jax_mtls_cert_file', '/pki/process-1.pem')" in blocks[2]
+    assert "set by $JAX_MTLS_CERT_FILE=/pki/process-1.pem" in blocks[2]
+    assert "survivors keep running" in blocks[1]
+    # The rendered call is valid Python that names every argument once.
+    code = blocks[1].split("import jax\n", 1)[1].split("jax.distributed.initialize", 1)[1]
+    args = eval("dict" + code)  # noqa: S307 - our own rendering, checked for syntax
+    assert args["coordinator_address"] == "10.0.0.1:1234" and args["process_id"] == 0
+
+
+def test_explain_without_mtls_or_recoverability():
+    text = explain([record(0, False, False)])
+    assert "jax_mtls_cert_file" not in text  # unset options stay at JAX's default: no line
+    assert "JAX's default; fate-sharing" in text
+
+
+def test_explain_names_a_process_that_did_not_report():
+    text = explain([ProcessInfo(rank=3, pid=9, host="x")])
+    assert "process 3" in text and "has not reported" in text
+
+
+class StartSession:
+    def __init__(self):
+        self.kwargs = None
+        self.cluster = SimpleNamespace(
+            processes=[record(0, False, True)], security="mTLS (fake)", nprocs=1
+        )
+
+    def start(self, **kwargs):
+        self.kwargs = kwargs
+
+    def require_cluster(self):
+        return self.cluster
+
+
+@pytest.fixture(scope="module")
+def shell():
+    return start_ipython()
+
+
+def test_start_options_reach_the_session(shell, capsys):
+    fake = StartSession()
+    shell.register_magics(JaxSysMagics(shell, fake))
+    shell.run_line_magic("jaxsys", "start --hosts 1")
+    assert "recoverable" not in fake.kwargs and capsys.readouterr().out == ""
+    shell.run_line_magic("jaxsys", "start --hosts 1 --no-recoverability --explain")
+    assert fake.kwargs["recoverable"] is False
+    out = capsys.readouterr().out
+    assert out.startswith("# security: mTLS (fake)") and "process_id=0," in out
+
+
+def test_live_explain_and_fate_sharing(tag):
+    k = Kernel(tag)
+    try:
+        started = k.execute(
+            "%jaxsys start --hosts 2 --devices-per-host 1 --heartbeat 2 --explain "
+            "--no-recoverability",
+            timeout=180,
+        )
+        assert started.status == "ok", started.stderr
+        blocks = started.stdout.split("\n\n")
+        for rank in (0, 1):
+            block = next(b for b in blocks if b.startswith(f"# process {rank} "))
+            assert f"process_id={rank}," in block and "num_processes=2," in block
+            assert "heartbeat_timeout_seconds=2," in block
+            assert f"process-{rank}.pem')" in block
+            assert "'jax_enable_recoverability', False)" in block
+        # What the explanation says is what the processes run with.
+        facts = k.ok(
+            "%%multihost\nimport jax\n"
+            "print(jax.config.jax_enable_recoverability, jax.config.jax_mtls_peer_uri_prefix)"
+        ).stdout
+        assert facts.startswith("[p0-1] False spiffe://"), facts
+        k.ok("%jaxsys kill 1")
+        deadline = time.monotonic() + 30
+        while True:
+            rows = k.ok("%jaxsys status").stdout.splitlines()
+            if rows[1].split()[-1] == "dead":
+                break  # process 0 went down with process 1: one fate
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.2)
+    finally:
+        k.shutdown()
