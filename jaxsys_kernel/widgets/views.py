@@ -19,6 +19,7 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from . import fallback
 from .artifact import ArtifactView
 from .dataplan import DataPlanView
 
@@ -54,6 +55,19 @@ class _View(anywidget.AnyWidget):
     _css = _STATIC / "views.css"
     _view_kind = traitlets.Unicode("").tag(sync=True)
 
+    def static(self) -> tuple[str, str]:
+        """The view as ``(html, text)`` for where widgets do not run (see ``fallback``)."""
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        return _with_static(super()._repr_mimebundle_(**kwargs), *self.static())
+
+
+def _with_static(bundle: Any, html: str, text: str) -> tuple[dict, dict]:
+    """A widget's mime bundle with the static rendering added beside the widget view."""
+    data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
+    return {**data, "text/html": html, "text/plain": text}, metadata
+
 
 class MeshView(_View):
     """A device mesh drawn as a grid, each device coloured by its process.
@@ -86,6 +100,10 @@ class MeshView(_View):
     @traitlets.validate("info")
     def _valid_info(self, proposal: Any) -> dict:
         return _check_kind(proposal["value"], "mesh", "MeshView")
+
+    def static(self) -> tuple[str, str]:
+        """The mesh as an SVG grid and a one-line summary."""
+        return fallback.mesh_svg(self.info), fallback.mesh_text(self.info)
 
     def update(self, info: dict) -> None:
         """Show another mesh (one comm message).
@@ -141,6 +159,11 @@ class ShardingView(_View):
     def _valid_info(self, proposal: Any) -> dict:
         return _check_kind(proposal["value"], "sharding", "ShardingView")
 
+    def static(self) -> tuple[str, str]:
+        """The layout as an SVG grid of blocks and a short summary."""
+        r, c = self.dims
+        return fallback.sharding_svg(self.info, (r, c)), fallback.sharding_text(self.info)
+
     @traitlets.validate("dims")
     def _valid_dims(self, proposal: Any) -> list[int]:
         r, c = proposal["value"]
@@ -194,6 +217,10 @@ class CacheView(_View):
 
     def __init__(self, stats: Iterable[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(stats=[_plain(s) for s in stats or ()], **kwargs)
+
+    def static(self) -> tuple[str, str]:
+        """The statistics as an HTML and a text table."""
+        return fallback.cache_html(self.stats), fallback.cache_text(self.stats)
 
     def update(self, stats: Iterable[Any]) -> None:
         """Replace the statistics (one comm message).
@@ -259,6 +286,13 @@ class LiveDevicesView(_View):
             liveness=[_plain(p) for p in liveness or ()],
             event_log=list(log or ())[-MAX_LOG:],
             **kwargs,
+        )
+
+    def static(self) -> tuple[str, str]:
+        """The liveness table and the newest log lines, as HTML and text."""
+        return (
+            fallback.live_html(self.liveness, self.event_log),
+            fallback.live_text(self.liveness, self.event_log),
         )
 
     def update(
@@ -346,6 +380,12 @@ class Dashboard(ipywidgets.GridBox):
         super().__init__(
             children=[self.mesh, self.sharding, self.cache, self.live], layout=layout, **kwargs
         )
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        parts = [v.static() for v in (self.mesh, self.sharding, self.cache, self.live)]
+        html = "".join(f"<div>{h}</div>" for h, _ in parts)
+        text = "\n\n".join(t for _, t in parts)
+        return _with_static(super()._repr_mimebundle_(**kwargs), html, text)
 
     def update(
         self,
