@@ -203,9 +203,14 @@ FLAGS = sorted({o for opts in OWN.values() for o in opts if o.startswith("--")})
 def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, session, name):
     foreign = [f for f in FLAGS if f not in OWN[name]]
     assert foreign
-    words = {"kill": "1", "restart": "1", "inspect": "x", "logs": "0", "cache": "show"}.get(
-        name, ""
-    )
+    words = {
+        "kill": "1",
+        "restart": "1",
+        "inspect": "x",
+        "logs": "0",
+        "cache": "show",
+        "transfer-guard": "log",
+    }.get(name, "")
     for flag in foreign:
         with pytest.raises(UsageError) as err:
             jaxsys(shell, f"{name} {words} {flag} 1")
@@ -246,7 +251,9 @@ def test_the_action_table():
         "inspect",
         "logs",
         "cache",
+        "transfer-guard",
     )
+    assert OWN["transfer-guard"] == {"LEVEL", "--h2d", "--d2h", "--d2d", "--reset-counts"}
     assert OWN["start"] == {
         "--hosts",
         "--devices-per-host",

@@ -37,6 +37,7 @@ from typing import BinaryIO
 from .. import contract
 from .chatter import GlooFilter, is_stderr_chatter
 from .fdpipe import FdReader, LineAssembler
+from .guards import count_line
 from .native_log import NativeLogWatch, watch_from_env
 
 # Publishes ``text`` of stream ``name`` to the cell whose request header is ``header``.
@@ -110,6 +111,8 @@ class _Stream:
             return line
         if self.watch is not None:
             line = self.watch.feed_line(line)
+        # JAX's transfer-guard log lines are counted here and still go to the cell.
+        count_line(line)
         return b"" if is_stderr_chatter(line) else line
 
 
