@@ -104,3 +104,23 @@ def test_format_groups_processes():
         "[p0-1] transfer guard h2d=log d2h=log d2d=allow; logged transfers: 0 h2d, 0 d2h, 0 d2d",
         "[p2] transfer guard h2d=log d2h=log d2d=allow; logged transfers: 2 h2d, 0 d2h, 0 d2d",
     ]
+
+
+def test_barrier_failure_names_who_never_arrived():
+    outcome = {"arrived": [0, 2], "missing": [1, 3], "busy": [3], "waited": {}, "errors": {}}
+    text = actions_guard.barrier_failure("ckpt", 5.0, outcome)
+    assert text == (
+        "barrier 'ckpt' timed out after 5 s: p1,3 never arrived (arrived: p0,2); p3 was still "
+        "busy with an earlier request, whose arrival was withdrawn"
+    )
+
+
+def test_barrier_needs_a_name_and_a_positive_timeout():
+    from IPython.core.error import UsageError
+
+    from jaxsys_kernel.magics import actions
+
+    act = actions.lookup("barrier")
+    with pytest.raises(UsageError, match="timeout"):
+        act.parse(["b", "--timeout", "0"])
+    assert act.parse(["b", "--timeout", "2.5"]).timeout == 2.5

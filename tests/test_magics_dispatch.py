@@ -210,6 +210,7 @@ def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, se
         "logs": "0",
         "cache": "show",
         "transfer-guard": "log",
+        "barrier": "b",
     }.get(name, "")
     for flag in foreign:
         with pytest.raises(UsageError) as err:
@@ -252,8 +253,10 @@ def test_the_action_table():
         "logs",
         "cache",
         "transfer-guard",
+        "barrier",
     )
     assert OWN["transfer-guard"] == {"LEVEL", "--h2d", "--d2h", "--d2d", "--reset-counts"}
+    assert OWN["barrier"] == {"NAME", "--timeout"}
     assert OWN["start"] == {
         "--hosts",
         "--devices-per-host",

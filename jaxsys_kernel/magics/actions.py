@@ -20,7 +20,7 @@ from .._ranges import format_procs
 from . import actions_help
 from .actions_args import count, env_pairs, rank, seconds, split
 from .actions_cache import cache
-from .actions_guard import transfer_guard
+from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
 
 # Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
@@ -433,6 +433,7 @@ ACTIONS: dict[str, Action] = {
         Action("logs", logs, "%jaxsys logs needs a process, e.g. %jaxsys logs 0"),
         Action("cache", cache),
         Action("transfer-guard", transfer_guard),
+        Action("barrier", barrier, "%jaxsys barrier needs a name, e.g. %jaxsys barrier step-1"),
     )
 }
 

@@ -8,10 +8,14 @@ naming who has arrived (:mod:`jaxsys_kernel.engine.barrier`).
 from __future__ import annotations
 
 import argparse
+import time
+import uuid
 
+from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
+from .actions_args import seconds
 from .actions_cache import _ask
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
@@ -90,3 +94,126 @@ def transfer_guard(session, args: argparse.Namespace) -> None:
         _ask(cluster, cluster.ranks, guards.set_transfer_guard, settings)
     answers = _ask(cluster, cluster.ranks, guards.state, bool(args.reset_counts))
     print(format_guard(answers))
+
+
+# -- the barrier -------------------------------------------------------------------------------
+
+# Seconds past the barrier's own timeout the kernel waits for the processes' answers.
+BARRIER_SLACK = 10.0
+
+
+@magic_arguments("jaxsys barrier")
+@argument("name", metavar="NAME", help="the barrier's name, for messages")
+@argument(
+    "--timeout",
+    type=seconds,
+    default=60.0,
+    metavar="S",
+    help="seconds to wait for every process (default 60)",
+)
+def barrier(session, args: argparse.Namespace) -> None:
+    """Wait until every process reaches a barrier of the coordination service.
+
+    Each process writes its arrival to the coordination service's key-value store and
+    waits for the others, then all pass JAX's barrier together. While they wait, the
+    processes still missing are named (a process busy with an earlier request has not
+    arrived); when ``--timeout`` passes first, the action fails naming them, and their
+    queued arrival is withdrawn.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys barrier after-load
+        %jaxsys barrier checkpoint --timeout 5
+    """
+    cluster = session.require_cluster()
+    outcome = run_barrier(cluster, args.name, args.timeout)
+    if outcome["missing"]:
+        raise UsageError(barrier_failure(args.name, args.timeout, outcome))
+    waited = max(outcome["waited"].values(), default=0.0)
+    print(
+        f"jaxsys: barrier {args.name!r} passed by {format_procs(cluster.ranks)}; "
+        f"the longest wait was {waited:.2f} s"
+    )
+
+
+def barrier_failure(name: str, timeout: float, outcome: dict) -> str:
+    """The message of a barrier that timed out: who never arrived, who did."""
+    missing, arrived = outcome["missing"], outcome["arrived"]
+    text = (
+        f"barrier {name!r} timed out after {timeout:g} s: {format_procs(missing)} never arrived"
+        f" (arrived: {format_procs(arrived) if arrived else 'none'})"
+    )
+    busy = outcome.get("busy", [])
+    if busy:
+        text += (
+            f"; {format_procs(busy)} was still busy with an earlier request, whose "
+            "arrival was withdrawn"
+        )
+    return text
+
+
+def run_barrier(cluster, name: str, timeout: float, on_progress=print) -> dict:
+    """Run the barrier on every process; print progress lines as they change.
+
+    Returns
+    -------
+    dict
+        ``arrived`` and ``missing`` (ranks), ``busy`` (ranks that never started waiting),
+        ``waited`` (seconds per rank that passed), ``errors`` (rank: text).
+    """
+    from ..engine import barrier as engine_barrier
+
+    barrier_id = f"{name}.{uuid.uuid4().hex[:12]}"
+    deadline = time.time() + timeout
+    pending = {}
+    for r in cluster.ranks:
+        info = cluster.processes[r]
+        if info.state != "ready" or info.engine_id is None:
+            raise UsageError(f"process {r} is {info.state}; %jaxsys restart brings it back")
+        pending[r] = cluster.client[info.engine_id].apply_async(
+            engine_barrier.wait, barrier_id, name, timeout, deadline
+        )
+    shown: dict[int, int] = {}
+    until = time.monotonic() + timeout + BARRIER_SLACK
+    while time.monotonic() < until and not all(ar.ready() for ar in pending.values()):
+        waiting = [ar for ar in pending.values() if not ar.ready()]
+        if time.time() > deadline + 1.0 and not any(ar.stdout for ar in waiting):
+            # The rest never started waiting (each says so at once when it does): they
+            # are busy with earlier requests and past the deadline.
+            break
+        for r, ar in pending.items():
+            text = ar.stdout or ""
+            lines = text.splitlines()
+            for line in lines[shown.get(r, 0) :]:
+                on_progress(f"[p{r}] {line}")
+            shown[r] = len(lines)
+        waiting[0].wait(0.1)
+    return _barrier_outcome(pending)
+
+
+def _barrier_outcome(pending: dict) -> dict:
+    out: dict = {"arrived": [], "missing": [], "busy": [], "waited": {}, "errors": {}}
+    for r, ar in pending.items():
+        if not ar.ready():
+            if not ar.stdout:
+                # Still queued behind an earlier request: withdraw it.
+                ar.abort()
+                out["busy"].append(r)
+            out["missing"].append(r)
+            continue
+        try:
+            got = ar.get(0)
+        except Exception as e:  # noqa: BLE001 - a remote error names what went wrong
+            ename = getattr(e, "ename", type(e).__name__)
+            out["errors"][r] = f"{ename}: {getattr(e, 'evalue', e)}"
+            (out["arrived"] if ename == "BarrierTimeout" else out["missing"]).append(r)
+            continue
+        if got["late"]:
+            out["missing"].append(r)
+            out["busy"].append(r)
+        else:
+            out["arrived"].append(r)
+            out["waited"][r] = got["waited"]
+    return out
