@@ -15,6 +15,7 @@ __all__ = [
     "load_exported",
     "load_ipython_extension",
     "save_exported",
+    "session",
     "show",
 ]
 
@@ -68,6 +69,34 @@ def show(x):
     from .engine.display import show as _show
 
     _show(x)
+
+
+def session():
+    """The kernel's jaxsys session: the running cluster and its state (in the kernel only).
+
+    ``session().cluster`` is the :class:`Cluster` that ``%jaxsys start`` started (None
+    before), with its PKI, telemetry hub, coordinator address and refusals.
+
+    Returns
+    -------
+    jaxsys_kernel.magics.MultihostSession
+
+    Raises
+    ------
+    RuntimeError
+        Outside a jaxsys kernel (or an IPython shell with ``%load_ext jaxsys_kernel``).
+
+    Examples
+    --------
+    ::
+
+        import jaxsys_kernel
+        cluster = jaxsys_kernel.session().cluster
+        print(cluster.coordinator_address)
+    """
+    from .magics import current_session
+
+    return current_session()
 
 
 def __getattr__(name):

@@ -50,7 +50,8 @@ def test_explain_renders_each_process_call_and_options():
     assert blocks[1].startswith("# process 0 (pid 100 on h0)\nimport jax\n")
     assert "process_id=1," in blocks[2] and "process_id=0," not in blocks[2]
     assert "jax.config.update('jax_mtls_cert_file', '/pki/process-1.pem')" in blocks[2]
-    assert "set by $JAX_MTLS_CERT_FILE=/pki/process-1.pem" in blocks[2]
+    assert "set by $JAX_MTLS_CERT_FILE\n" in blocks[2] + "\n"
+    assert "set by $JAX_ENABLE_RECOVERABILITY=1;" in blocks[1]
     assert "survivors keep running" in blocks[1]
     # The rendered call is valid Python that names every argument once.
     code = blocks[1].split("import jax\n", 1)[1].split("jax.distributed.initialize", 1)[1]

@@ -32,3 +32,23 @@ def register_magics(shell) -> MultihostSession:
     shell.events.register("post_run_cell", session.report_rotation)
     shell._jaxsys_session = session
     return session
+
+
+def current_session(shell=None) -> MultihostSession:
+    """The session behind the jaxsys magics of ``shell`` (the running IPython shell).
+
+    Raises
+    ------
+    RuntimeError
+        Outside IPython, or when the jaxsys magics are not loaded in it.
+    """
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    session = getattr(shell, "_jaxsys_session", None)
+    if session is None:
+        raise RuntimeError(
+            "no jaxsys session here: use the jaxsys kernel, or %load_ext jaxsys_kernel in IPython"
+        )
+    return session

@@ -27,11 +27,13 @@ OPTION_NOTES = {
 def _option_line(row: dict) -> str:
     value = row.get("value")
     line = f"jax.config.update({row['option']!r}, {value!r})"
-    source = (
-        f"set by ${row['env']}={row['env_value']}"
-        if row.get("env_value") is not None
-        else "JAX's default"
-    )
+    env_value = row.get("env_value")
+    if env_value is None:
+        source = "JAX's default"
+    elif len(env_value) <= 8:
+        source = f"set by ${row['env']}={env_value}"
+    else:  # a path or a prefix: the value is on the left already
+        source = f"set by ${row['env']}"
     note = OPTION_NOTES.get(row["option"], {}).get(bool(value))
     return f"{line}  # {source}" + (f"; {note}" if note else "")
 
