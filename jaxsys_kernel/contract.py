@@ -189,3 +189,9 @@ NATIVE_MIME = "application/vnd.jaxsys.native+json"
 CACHE_META_DIR = "jaxsys-meta"
 # ``--cache-dir`` value that starts a cluster without a persistent cache.
 NO_CACHE = "none"
+
+# -- cross-host transfers ---------------------------------------------------------------------
+
+# Set ("1") on every engine of a cluster started with --transfer-ports: each JAX process
+# opens its cross-host transfer socket on a free port of its own (JAX's port 0 hangs).
+TRANSFER_PORTS = "JAXSYS_TRANSFER_PORTS"

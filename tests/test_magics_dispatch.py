@@ -270,6 +270,8 @@ def test_the_action_table():
         "--heartbeat",
         "--no-recoverability",
         "--explain",
+        "--transfer-ports",
+        "--thread-guard",
     }
     assert OWN["kill"] == {"P", "--signal"} and OWN["inspect"] == {"NAME", "--detail"}
     assert OWN["logs"] == {"P", "--tail"} and OWN["restart"] == {"P"}

@@ -1,4 +1,7 @@
-"""The barrier and jax.experimental.multihost_utils on a real 2-process cluster (one for the module)."""
+"""The barrier, multihost_utils, the thread guard and transfers between processes, live.
+
+One 2-process cluster for the module, started with a transfer socket per process.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import time
 
 import pytest
 
-from jaxsys_kernel import Cluster
+from jaxsys_kernel import Cluster, contract
 from jaxsys_kernel import cells as executor
 from jaxsys_kernel.magics import actions_guard
 
@@ -24,7 +27,9 @@ class Capture(executor.Sink):
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(hosts=2, devices_per_host=2, progress=lambda e: None)
+    c = Cluster(
+        hosts=2, devices_per_host=2, env={contract.TRANSFER_PORTS: "1"}, progress=lambda e: None
+    )
     c.start_sync()
     yield c
     c.kill()
@@ -103,3 +108,58 @@ def test_multihost_utils_helpers(cluster):
     )
     # Process 0 holds 0..3, process 1 holds 10..13: 6 + 46.
     assert "global (4, 2) 52.0 True" in out, out
+
+
+PUT = """
+d0 = [d for d in jax.devices() if d.process_index == 0][0]
+d1 = [d for d in jax.devices() if d.process_index == 1][0]
+src = NamedSharding(Mesh(np.array([d0]), ("x",)), P())
+dst = NamedSharding(Mesh(np.array([d1]), ("x",)), P())
+data = np.arange(12, dtype=np.float32).reshape(3, 4) * 1.5
+x = jax.make_array_from_callback(data.shape, src, lambda i: data[i], dtype=np.float32)
+y = jax.device_put(x, dst)
+if pid == 1:
+    got = np.asarray(y.addressable_data(0))
+    print("received", got.shape, np.array_equal(got, data), float(got.sum()))
+mu.sync_global_devices("after-put")
+"""
+
+
+def test_device_put_moves_the_values_to_the_other_process(cluster):
+    ok(cluster, SETUP)
+    out = ok(
+        cluster,
+        "from jax._src import xla_bridge as xb\nprint(xb.CROSS_HOST_TRANSFER_SOCKET_ADDRESS.value)",
+    )
+    addresses = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[p")]
+    assert len(set(addresses)) == 2 and all(a.startswith("127.0.0.1:") for a in addresses), out
+    assert all(not a.endswith(":0") for a in addresses)
+    out = ok(cluster, PUT)
+    assert "[p1] received (3, 4) True 99.0" in out, out
+
+
+THREADED = """
+import threading
+mesh = Mesh(np.array(jax.devices()), ("x",))
+xs = jax.device_put(np.arange(4.0), NamedSharding(mesh, P("x")))
+total = jax.jit(lambda a: a.sum())
+worker = threading.Thread(target=lambda: total(xs), name="stage-2")
+worker.start()
+worker.join()
+print("joined")
+"""
+
+
+def test_thread_guard_names_both_threads_on_every_process(cluster):
+    ok(cluster, SETUP)
+    actions_guard.arm_thread_guard(cluster, cluster.ranks)
+    r, _ = run(cluster, THREADED)
+    for rank, p in r.results.items():
+        assert p.error is not None, rank
+        assert p.error["ename"] == "ThreadGuardError", p.error
+        v = p.error["evalue"]
+        assert f"on process {rank} in thread 'stage-2'" in v, v
+        assert "'MainThread'" in v and "different orders" in v, v
+    # Without the guard the same cell runs (each process runs the collective once).
+    out = ok(cluster, THREADED)
+    assert "[p0-1] joined" in out

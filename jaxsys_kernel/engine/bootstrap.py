@@ -285,6 +285,10 @@ def _join(
     t0 = time.perf_counter()
     import jax
 
+    from . import transfers
+
+    # Before the backend starts: JAX reads the transfer socket's address only then.
+    transfers.configure(jax, coordinator_address)
     kwargs = {}
     if bind_address is not None:
         kwargs["coordinator_bind_address"] = bind_address

@@ -119,6 +119,16 @@ def format_status(rows: list[dict]) -> str:
     action="store_true",
     help="print, per process, the jax.distributed.initialize call and JAX options it used",
 )
+@argument(
+    "--transfer-ports",
+    action="store_true",
+    help="give every process a cross-host transfer socket, for jax.device_put across processes",
+)
+@argument(
+    "--thread-guard",
+    action="store_true",
+    help="run every cell under jax.thread_guard (multi-process operations from one thread only)",
+)
 def start(session, args: argparse.Namespace) -> None:
     """Launch one process per host and join them into one JAX world.
 
@@ -129,6 +139,10 @@ def start(session, args: argparse.Namespace) -> None:
     both off. JAX's recoverability is on, so the survivors of a death keep running;
     ``--no-recoverability`` turns it off, and then processes share one fate. ``--explain``
     prints what each process did, as the plain JAX a standalone program would run.
+    ``--transfer-ports`` gives each process a cross-host transfer socket on a free port
+    (listed by ``%jaxsys security``), so ``jax.device_put`` can move arrays between
+    processes; ``--thread-guard`` runs every cell under ``jax.thread_guard``, as
+    ``%%multihost --thread-guard`` does for one cell.
 
     Examples
     --------
@@ -137,6 +151,7 @@ def start(session, args: argparse.Namespace) -> None:
         %jaxsys start --hosts 4 --devices-per-host 2
         %jaxsys start --hosts 2 --explain
         %jaxsys start --hosts 2 --no-recoverability
+        %jaxsys start --hosts 2 --transfer-ports --thread-guard
         %jaxsys start --hosts 2 --cache-dir /tmp/jax-cache --env XLA_FLAGS=--xla_dump_to=/tmp/x
         %jaxsys start --launcher ssh --hosts node1,node2
     """
@@ -154,10 +169,14 @@ def start(session, args: argparse.Namespace) -> None:
         secure=not args.insecure,
         ca_file=args.ca_file,
         cert_dir=args.cert_dir,
-        env=env_pairs(args.env),
+        env={
+            **env_pairs(args.env),
+            **({contract.TRANSFER_PORTS: "1"} if args.transfer_ports else {}),
+        },
         **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
         **({"recoverable": False} if args.no_recoverability else {}),
     )
+    session.thread_guard = args.thread_guard
     if args.explain:
         from .explain import explain
 

@@ -96,6 +96,14 @@ def transfer_guard(session, args: argparse.Namespace) -> None:
     print(format_guard(answers))
 
 
+def arm_thread_guard(cluster, ranks: list[int]) -> None:
+    """Run the next cell of each process in ``ranks`` under ``jax.thread_guard``."""
+    # Deferred: the engine module only names the function shipped to the engines.
+    from ..engine import guards
+
+    _ask(cluster, ranks, guards.arm_thread_guard)
+
+
 # -- the barrier -------------------------------------------------------------------------------
 
 # Seconds past the barrier's own timeout the kernel waits for the processes' answers.

@@ -117,6 +117,11 @@ class JaxSysMagics(Magics):
         action="store_true",
         help="run even though the JAX world is out of step (no collectives!)",
     )
+    @argument(
+        "--thread-guard",
+        action="store_true",
+        help="run the cell under jax.thread_guard: multi-process JAX operations from other threads fail",
+    )
     @argument("mode", nargs="?", choices=("on", "off"), help="line form only: SPMD mode on or off")
     @no_var_expand
     @line_cell_magic
@@ -139,6 +144,11 @@ class JaxSysMagics(Magics):
         until ``%jaxsys restart`` (``--force`` overrides), because on CPU the next
         collective would hang.
 
+        ``--thread-guard`` runs the cell under ``jax.thread_guard``: a multi-process JAX
+        operation (a collective, a cross-process transfer) issued from any thread but the
+        cell's fails on that process with an error naming both threads, because threads
+        can enqueue such operations in different orders on different processes.
+
         With SPMD mode on, every cell runs on all processes; cells starting with ``%%local``
         (or a jaxsys magic such as ``%jaxsys`` or ``%pull``) run in the kernel.
 
@@ -155,6 +165,9 @@ class JaxSysMagics(Magics):
 
             %%multihost --grace 5 --on-hang restart
             step()
+
+            %%multihost --thread-guard
+            run_pipeline()
 
             %multihost on
         """
@@ -189,6 +202,7 @@ class JaxSysMagics(Magics):
             grace=args.grace,
             on_hang=args.on_hang,
             force=args.force,
+            thread_guard=True if args.thread_guard else None,
         )
 
     @no_var_expand

@@ -21,6 +21,7 @@ from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 # The SPMD routing lives with the cell path; its names stay importable from here.
 __all__ = ["LOCAL_PREFIXES", "MultihostSession", "is_local_cell", "make_spmd_transformer"]
 from ..cluster import Cluster
+from . import actions_guard
 
 
 def _duration(seconds: float) -> str:
@@ -54,6 +55,9 @@ class MultihostSession:
     shell : IPython.core.interactiveshell.InteractiveShell, optional
         The shell whose namespace receives pulled values.
     """
+
+    # Whether cells run under jax.thread_guard unless told otherwise (%jaxsys start --thread-guard).
+    thread_guard = False
 
     def __init__(self, shell=None):
         self.shell = shell
@@ -426,6 +430,7 @@ class MultihostSession:
         grace: float | None = None,
         on_hang: str | None = None,
         force: bool = False,
+        thread_guard: bool | None = None,
     ) -> cells.CellResult | None:
         """Run a cell on the selected processes; raise if any of them failed.
 
@@ -449,6 +454,8 @@ class MultihostSession:
         policy = hang.HangPolicy(
             on_hang, cluster.dump_stacks, timeout=timeout, grace=grace, code=code
         )
+        if self.thread_guard if thread_guard is None else thread_guard:
+            actions_guard.arm_thread_guard(cluster, ranks)
         sink = cells.Sink(on_summary=self._remember_summary)
         try:
             run = cells.execute(
