@@ -134,6 +134,11 @@ def test_device_put_moves_the_values_to_the_other_process(cluster):
     addresses = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[p")]
     assert len(set(addresses)) == 2 and all(a.startswith("127.0.0.1:") for a in addresses), out
     assert all(not a.endswith(":0") for a in addresses)
+    # The security audit lists each process's transfer socket, as JAX set it.
+    from jaxsys_kernel.cluster.audit import audit
+
+    listed = {e.address for e in audit(cluster) if e.name == "JAX cross-host transfers"}
+    assert listed == set(addresses), (listed, addresses)
     out = ok(cluster, PUT)
     assert "[p1] received (3, 4) True 99.0" in out, out
 

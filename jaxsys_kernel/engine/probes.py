@@ -131,7 +131,12 @@ def network_endpoints() -> dict:
     if "jax" in sys.modules:
         import jax
 
-        transfer = getattr(jax.config, "jax_cross_host_transfer_socket_address", "") or ""
+        # An absl-style flag: jax.config has no attribute for it, its holder has the value.
+        bridge = sys.modules.get("jax._src.xla_bridge")
+        holder = getattr(bridge, "CROSS_HOST_TRANSFER_SOCKET_ADDRESS", None)
+        transfer = getattr(holder, "value", None) or getattr(
+            jax.config, "jax_cross_host_transfer_socket_address", ""
+        )
         prof = sys.modules.get("jax._src.profiler")
         profiler = getattr(prof, "_profiler_server", None) is not None
     return {
