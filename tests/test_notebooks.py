@@ -55,6 +55,10 @@ EXPECTED = {
         "checkpoint restored: step 10",
         "jaxsys hang doctor: p2 failed",
         "checkpoint restored: step 14",
+        # fate-sharing without recoverability: process 0 goes down with process 1
+        "process 0 is dead",
+        # a death inside a step: every survivor runs the except branch
+        "[p0-2] step 19 abandoned: lost devices [6144]",
     ],
     "05-export-and-shape-polymorphism.ipynb": [
         "f32[4*b, 16]",
