@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from jaxsys_kernel.magics import actions
 from jaxsys_kernel.magics.actions_args import MAX_LINE
@@ -69,7 +69,7 @@ class AnySession(FakeSession):
 
 @pytest.fixture(scope="module")
 def shell():
-    sh = start_ipython()
+    sh = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once started
     sh.register_magics(JaxSysMagics(sh, AnySession()))
     # What $x / {x} expand to: the expansion runs, and its result is parsed again.
     sh.user_ns["x"] = "--hosts 2"

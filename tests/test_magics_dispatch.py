@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from jaxsys_kernel.engine import output
 from jaxsys_kernel.magics import actions, register_magics
@@ -55,7 +55,7 @@ class FakeSession:
 
 @pytest.fixture(scope="module")
 def shell():
-    return start_ipython()
+    return globalipapp.start_ipython() or globalipapp.get_ipython()  # None once started
 
 
 @pytest.fixture
