@@ -175,89 +175,102 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     """Start, stop or describe a background cluster for scripts."""
     state_file = _state_file(args.name)
     if args.action == "start":
-        if args.foreground:
-            return _serve_cluster(args)
-        if state_file.exists():
-            old = json.loads(state_file.read_text())
-            if pid_alive(old.get("pid")) and old.get("state") != "failed":
-                print(
-                    f"jaxsys: cluster {args.name!r} is already running (pid {old['pid']})",
-                    file=sys.stderr,
-                )
-                return 1
-            state_file.unlink()
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        log_path = STATE_DIR / f"{args.name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "jaxsys_kernel.cli",
-            "cluster",
-            "start",
-            "--foreground",
-            "--name",
-            args.name,
-            "--hosts",
-            str(args.hosts),
-            "--devices-per-host",
-            str(args.devices_per_host),
-        ]
-        if args.cache_dir:
-            cmd += ["--cache-dir", args.cache_dir]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            if state_file.exists():
-                try:
-                    state = json.loads(state_file.read_text())
-                except json.JSONDecodeError:
-                    state = {}
-                if state.get("state") == "ready":
-                    print(
-                        f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
-                        f"in {state['ready_seconds']:.1f} s (pid {proc.pid})"
-                    )
-                    print(f"connect with ipyparallel.Client({state['connection_file']!r})")
-                    return 0
-            if proc.poll() is not None:
-                print(
-                    f"jaxsys: cluster {args.name!r} failed to start:\n{log_path.read_text()[-3000:]}",
-                    file=sys.stderr,
-                )
-                state_file.unlink(missing_ok=True)
-                return 1
-            time.sleep(0.1)
-        proc.kill()
-        print(
-            f"jaxsys: cluster {args.name!r} not ready within {args.timeout:g} s; see {log_path}",
-            file=sys.stderr,
-        )
-        return 1
+        return _serve_cluster(args) if args.foreground else _start_background(args, state_file)
     if not state_file.exists():
         print(f"jaxsys: no cluster named {args.name!r} is running")
         return 0 if args.action == "stop" else 1
     state = json.loads(state_file.read_text())
-    pid = state.get("pid")
     if args.action == "status":
-        alive = pid_alive(pid)
-        print(
-            f"cluster {args.name!r}: {state.get('state')} (pid {pid}, {'alive' if alive else 'gone'})"
-        )
-        if state.get("error"):
-            print(f"error: {state['error']}")
-        if state.get("processes"):
-            from .magics.magics import format_status
+        return _print_cluster_status(args.name, state)
+    _stop_background(args.name, state.get("pid"))
+    state_file.unlink(missing_ok=True)
+    return 0
 
-            rows = [
-                dict(p, state=p["state"] if pid_alive(p.get("pid")) else "dead")
-                for p in state["processes"]
-            ]
-            print(format_status(rows))
-        return 0 if alive and state.get("state") == "ready" else 1
-    # stop
+
+def _start_background(args: argparse.Namespace, state_file: Path) -> int:
+    """Start ``jaxsys cluster start --foreground`` detached and wait until it is ready."""
+    if state_file.exists():
+        old = json.loads(state_file.read_text())
+        if pid_alive(old.get("pid")) and old.get("state") != "failed":
+            print(
+                f"jaxsys: cluster {args.name!r} is already running (pid {old['pid']})",
+                file=sys.stderr,
+            )
+            return 1
+        state_file.unlink()
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = STATE_DIR / f"{args.name}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxsys_kernel.cli",
+        "cluster",
+        "start",
+        "--foreground",
+        "--name",
+        args.name,
+        "--hosts",
+        str(args.hosts),
+        "--devices-per-host",
+        str(args.devices_per_host),
+    ]
+    if args.cache_dir:
+        cmd += ["--cache-dir", args.cache_dir]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        state = _read_state(state_file)
+        if state.get("state") == "ready":
+            print(
+                f"jaxsys: cluster {args.name!r} ready: {len(state['processes'])} processes "
+                f"in {state['ready_seconds']:.1f} s (pid {proc.pid})"
+            )
+            print(f"connect with ipyparallel.Client({state['connection_file']!r})")
+            return 0
+        if proc.poll() is not None:
+            print(
+                f"jaxsys: cluster {args.name!r} failed to start:\n{log_path.read_text()[-3000:]}",
+                file=sys.stderr,
+            )
+            state_file.unlink(missing_ok=True)
+            return 1
+        time.sleep(0.1)
+    proc.kill()
+    print(
+        f"jaxsys: cluster {args.name!r} not ready within {args.timeout:g} s; see {log_path}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _read_state(state_file: Path) -> dict:
+    """The background cluster's state file, or {} while it is absent or half-written."""
+    try:
+        return json.loads(state_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _print_cluster_status(name: str, state: dict) -> int:
+    pid = state.get("pid")
+    alive = pid_alive(pid)
+    print(f"cluster {name!r}: {state.get('state')} (pid {pid}, {'alive' if alive else 'gone'})")
+    if state.get("error"):
+        print(f"error: {state['error']}")
+    if state.get("processes"):
+        from .magics.magics import format_status
+
+        rows = [
+            dict(p, state=p["state"] if pid_alive(p.get("pid")) else "dead")
+            for p in state["processes"]
+        ]
+        print(format_status(rows))
+    return 0 if alive and state.get("state") == "ready" else 1
+
+
+def _stop_background(name: str, pid: int | None) -> None:
+    # The server tears its cluster down on SIGTERM; SIGKILL only if it does not within 10 s.
     if pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -265,9 +278,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             time.sleep(0.05)
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
-    state_file.unlink(missing_ok=True)
-    print(f"jaxsys: cluster {args.name!r} stopped")
-    return 0
+    print(f"jaxsys: cluster {name!r} stopped")
 
 
 # -- entry point ---------------------------------------------------------------------------------
