@@ -18,7 +18,12 @@ EXPECTED = {
         "assembled correctly: True",
         "[496.0, 496.0, 496.0, 496.0, 496.0]",
         "same devices in the same places as `mesh`: True",
-        "learned w: [ 2.  -1.   0.5  3. ]",
+        # a matmul picks a layout neither input had; replicate before reading
+        "product: P('data',)",
+        "[p0-3] matches NumPy: True",
+        # a mesh over half the devices: processes 0 and 1 hold nothing
+        "[p0-1] my shards: []",
+        "[p0-3] equals the original: True",
     ],
     "00-quickstart.ipynb": [
         "[p0-3] local devices: 2, devices in the world: 8",
@@ -76,6 +81,31 @@ EXPECTED = {
         "jit_train_step is cached under another key",
         "below the 30 s minimum",
         "jaxsys: removed",
+        # the dashboard part: a training loop that recompiles
+        "learned w: [ 2.  -1.   0.5  3. ]",
+    ],
+    "07-transfer-guard.ipynb": [
+        # a refusal per process, naming its own device
+        "host-to-device transfer of shape (8), dtype float32, from host memory to device cpu:0",
+        "to device cpu:2048 disallowed on process 1",
+        # a sharded read is gathered through the first device, which JAX names
+        "device-to-host transfer of shape (8), dtype float32, from device cpu:0 to host memory",
+        "[p0-1] read back under disallow: 28.0 | as NumPy: [0.0, 1.0, 2.0]",
+        "guard_lib.cc:154] host-to-device transfer: aval=ShapedArray(float32[8])",
+        "[p0-1] transfer guard h2d=log d2h=log d2d=log; logged transfers: 6 h2d, 0 d2h, 0 d2d",
+        "[p0-1] device-to-host still allowed: 56.0",
+    ],
+    "08-threads-pipelines-and-multihost-utils.ipynb": [
+        "[p1] stage-one output has local data here: False",
+        "[p1] matches NumPy: True",
+        "on process 1 in thread 'stage-2-worker'",
+        "[p0-1] sums computed on the cell's thread: [0.0, 4.0, 8.0]",
+        "[p1] proposed: 1001 | agreed: 1000",
+        "stacked (3,) -> (2, 3) [[0, 0, 0], [1, 1, 1]] | tiled scalar -> (2,)",
+        "[p0] with 1 process: stacked (3,) -> (1, 3) | tiled scalar -> ()",
+        "each process's id",
+        "[p0-1] back to my rows: True",
+        "jaxsys: barrier 'checkpoint-written' passed by p0-1",
     ],
     "04-security.ipynb": [
         "did it join? False",
@@ -136,9 +166,15 @@ def clean_run_problems(nb, explained: list[tuple[str, str]]) -> list[str]:
     return problems
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _output_text(nb) -> str:
+    """Every output's text, error tracebacks included (without their colours)."""
     return "\n".join(
-        o.get("text", "") or o.get("data", {}).get("text/plain", "")
+        o.get("text", "")
+        or o.get("data", {}).get("text/plain", "")
+        or _ANSI.sub("", "\n".join(o.get("traceback", [])))
         for c in nb.cells
         if c.cell_type == "code"
         for o in c.get("outputs", [])
