@@ -33,7 +33,8 @@ def test_each_kind_is_named_with_shape_dtype_and_devices():
     d2d = guards.describe_transfer(D2D, 0)
     assert "shape (8), dtype float32, from device cpu:0 to device cpu:1" in d2d
     d2h = guards.describe_transfer(D2H)
-    assert "shape (8), dtype f32, from device cpu:0 to host memory" in d2h
+    assert "shape (8), dtype float32, from device cpu:0 to host memory" in d2h
+    assert guards._numpy_dtype("PRED") == "bool" and guards._numpy_dtype("U8") == "uint8"
     mesh = guards.describe_transfer(MESH)
     assert "shape (4,2), dtype int32" in mesh and "Mesh('x': 2) with P('x',)" in mesh
     assert guards.describe_transfer("ValueError: something else") is None

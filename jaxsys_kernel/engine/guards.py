@@ -143,7 +143,7 @@ def describe_transfer(message: str, rank: int | None = None) -> str | None:
     if aval:
         dtype, shape = aval.group(1), f"({aval.group(2)})" if aval.group(2) else "() (a scalar)"
     elif sd:
-        shape, dtype = f"({sd.group(1)})", sd.group(2).lower()
+        shape, dtype = f"({sd.group(1)})", _numpy_dtype(sd.group(2))
     else:
         shape = dtype = "?"
     if kind == "device-to-device" and "dst_sharding=" in detail:
@@ -162,6 +162,17 @@ def describe_transfer(message: str, rank: int | None = None) -> str | None:
         f"(jax.device_put / jax.device_get) or lift the guard with %jaxsys transfer-guard allow. "
         f"JAX said: {m.group(0)}"
     )
+
+
+def _numpy_dtype(xla: str) -> str:
+    """NumPy's name for an XLA element type (``F32`` is float32, ``S8`` int8, ``PRED`` bool)."""
+    special = {"PRED": "bool", "BF16": "bfloat16", "C64": "complex64", "C128": "complex128"}
+    if xla.upper() in special:
+        return special[xla.upper()]
+    m = re.fullmatch(r"([FSU])(\d+)", xla.upper())
+    if m is None:
+        return xla.lower()
+    return {"F": "float", "S": "int", "U": "uint"}[m.group(1)] + m.group(2)
 
 
 def _place(text: str) -> str:
@@ -234,7 +245,8 @@ def _custom_tb(shell, etype, value, tb, tb_offset=None):
     if clear is None:
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         return []
-    clear.__cause__ = value
+    # JAX's own message is quoted in the new one; its chained traceback would repeat it.
+    clear.__suppress_context__ = True
     _replacement = clear
     shell.showtraceback((type(clear), clear, tb), tb_offset=tb_offset)
     return []
