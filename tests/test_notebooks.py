@@ -114,6 +114,10 @@ EXPECTED = {
         "[p0-1] sum over both processes: 3.0",
         "[p0-1] peer URI prefix: spiffe://jaxsys.local/mylab/",
         "connection with process 1's new certificate: accepted (it sent a SETTINGS frame)",
+        # any mTLS setting makes an incomplete set-up an error; the prefix needs its '/'
+        "certificate only:        JaxRuntimeError: INVALID_ARGUMENT: mTLS configuration is missing",
+        "prefix without its '/':  JaxRuntimeError: INVALID_ARGUMENT: mTLS peer_uri_prefix must end",
+        "no mTLS, check required: aborted (signal 6)",
     ],
 }
 
