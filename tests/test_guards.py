@@ -125,3 +125,29 @@ def test_barrier_needs_a_name_and_a_positive_timeout():
     with pytest.raises(UsageError, match="timeout"):
         act.parse(["b", "--timeout", "0"])
     assert act.parse(["b", "--timeout", "2.5"]).timeout == 2.5
+
+
+def test_transfer_counts_travel_as_a_checked_telemetry_event():
+    import json
+
+    from jaxsys_kernel.telemetry import schema
+
+    ev = schema.event(schema.TRANSFERS, 1, 0, 1.0, counts={"host-to-device": 6})
+    assert schema.decode(json.dumps(ev).encode())["counts"] == {"host-to-device": 6}
+    for bad in ({"upload": 1}, {"host-to-device": -1}, {"host-to-device": True}, [1]):
+        ev = schema.event(schema.TRANSFERS, 1, 0, 1.0, counts=bad)
+        with pytest.raises(schema.Malformed):
+            schema.decode(json.dumps(ev).encode())
+
+
+def test_dashboard_line_only_when_counts_change():
+    told: dict = {}
+    now = {0: {"host-to-device": 6}, 1: {"host-to-device": 6, "device-to-host": 1}}
+    (line,) = actions_guard.transfer_notice(told, now)
+    assert line.endswith("transfers logged: [p0] 6 h2d, 0 d2h, 0 d2d; [p1] 6 h2d, 1 d2h, 0 d2d"), (
+        line
+    )
+    assert actions_guard.transfer_notice(told, now) == []
+    now[0] = {"host-to-device": 6, "device-to-host": 1}
+    (line,) = actions_guard.transfer_notice(told, now)
+    assert line.endswith("transfers logged: [p0-1] 6 h2d, 1 d2h, 0 d2d"), line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import pytest
 
@@ -91,3 +92,9 @@ def test_log_lines_reach_the_cell_and_are_counted(world, capsys):
         "[p0-1] transfer guard h2d=log d2h=log d2d=log; logged transfers: 6 h2d, 0 d2h, 0 d2d"
         in out
     ), out
+    # The same counts reach the kernel's telemetry, which feeds the dashboard.
+    want = {"host-to-device": 6, "device-to-host": 0, "device-to-device": 0}
+    deadline = time.monotonic() + 15
+    while c.telemetry.transfer_counts() != {0: want, 1: want}:
+        assert time.monotonic() < deadline, c.telemetry.transfer_counts()
+        time.sleep(0.05)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -67,6 +68,10 @@ _counts: Counter = Counter()
 _counts_lock = threading.Lock()
 _levels: dict[str, str] = {}
 _on_count: Callable[[dict], None] | None = None
+# Seconds between two telemetry events with the counts, and the counts last sent.
+PUBLISH_GAP = 0.5
+_last_publish = 0.0
+_published: dict[str, int] = {}
 
 
 def count_line(line: bytes) -> None:
@@ -77,11 +82,36 @@ def count_line(line: bytes) -> None:
     with _counts_lock:
         _counts[m.group(1).decode()] += 1
         snapshot = dict(_counts)
+    publish_counts()
     if _on_count is not None:
         try:
             _on_count(snapshot)
         except Exception:  # noqa: BLE001 - counting must never stop native output
             pass
+
+
+def publish_counts(force: bool = False) -> bool:
+    """Send the counts to the kernel's telemetry (for the dashboard) if they changed.
+
+    At most one event per :data:`PUBLISH_GAP` seconds unless ``force``: a loop of logged
+    transfers must not flood the link. The end of each cell sends the last counts.
+    """
+    global _last_publish
+    now = time.monotonic()
+    snapshot = counts()
+    if snapshot == _published or (not force and now - _last_publish < PUBLISH_GAP):
+        return False
+    try:
+        from ..telemetry import schema
+        from . import agent
+
+        agent.publish(schema.TRANSFERS, counts=snapshot)
+    except Exception:  # noqa: BLE001 - telemetry is best effort; the counts stay here
+        return False
+    _published.clear()
+    _published.update(snapshot)
+    _last_publish = now
+    return True
 
 
 def counts(reset: bool = False) -> dict[str, int]:
@@ -114,7 +144,10 @@ def set_transfer_guard(levels: dict[str, str]) -> dict[str, str]:
 
 def state(reset_counts: bool = False) -> dict:
     """This process's transfer guard levels and logged-transfer counts."""
-    return {"levels": transfer_guard_levels(), "counts": counts(reset_counts)}
+    out = {"levels": transfer_guard_levels(), "counts": counts(reset_counts)}
+    if reset_counts:
+        publish_counts(force=True)
+    return out
 
 
 def transfer_guard_levels() -> dict[str, str]:
@@ -297,6 +330,7 @@ def _post_run_cell(result) -> None:
         get_ipython().showtraceback((type(clear), clear, None))
     _replacement = None
     _thread_errors.clear()
+    publish_counts(force=True)
 
 
 def install() -> bool:

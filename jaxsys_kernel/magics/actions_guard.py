@@ -52,6 +52,24 @@ def format_guard(answers: dict[int, dict]) -> str:
     )
 
 
+def transfer_notice(told: dict[int, dict], now: dict[int, dict]) -> list[str]:
+    """Dashboard log lines for transfer counts that changed since ``told`` (updated in place).
+
+    One line per change: the time, then per process the transfers its guard logged so far,
+    by direction.
+    """
+    changed = {r: c for r, c in now.items() if told.get(r) != c}
+    if not changed:
+        return []
+    told.update(changed)
+    groups: dict[str, list[int]] = {}
+    for r, c in sorted(now.items()):
+        text = ", ".join(f"{c.get(kind, 0)} {s}" for s, kind in SHORT.items())
+        groups.setdefault(text, []).append(r)
+    body = "; ".join(f"[{format_procs(ranks)}] {text}" for text, ranks in groups.items())
+    return [f"{time.strftime('%H:%M:%S')} transfers logged: {body}"]
+
+
 @magic_arguments("jaxsys transfer-guard")
 @argument(
     "level",

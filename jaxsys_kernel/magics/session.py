@@ -240,6 +240,7 @@ class MultihostSession:
         previous: dict[int, str] = {}
         # Refusals from before the dashboard are in %jaxsys security; the log shows new ones.
         told = {(r.host, r.error): r.attempts for r in hub.refusals()}
+        transfers_told: dict[int, dict] = {}
 
         def refresh(h) -> None:
             cluster.refresh_states()
@@ -254,6 +255,7 @@ class MultihostSession:
                     previous[live.rank] = live.state
             for line in refusal_notice(told, h.refusals()):
                 changes.append(f"{time.strftime('%H:%M:%S')} {_short_notice(line)}")
+            changes += actions_guard.transfer_notice(transfers_told, h.transfer_counts())
             health = h.health().line()
             with dash.live.hold_sync():
                 if dash.live.telemetry_health != health:

@@ -108,6 +108,7 @@ class TelemetryHub:
             self._cache = {r: schema.CacheStats(rank=r) for r in range(self.nprocs)}
             self._beats: dict[int, dict] = {}
             self._stacks: dict[int, tuple[int, str]] = {}
+            self._transfers: dict[int, dict[str, int]] = {}
             self.last_event_at = {}
 
     def env(self) -> dict[str, str]:
@@ -144,6 +145,11 @@ class TelemetryHub:
         """The latest stack dump relayed by process ``rank``, numbered from 1 (0: none yet)."""
         with self._lock:
             return self._stacks.get(rank, (0, ""))
+
+    def transfer_counts(self) -> dict[int, dict[str, int]]:
+        """Per process, the transfers its transfer guard logged so far, by direction."""
+        with self._lock:
+            return {r: dict(c) for r, c in sorted(self._transfers.items())}
 
     def refusals(self) -> list[schema.Refusal]:
         """Handshakes the coordination service refused, by address and reason, oldest first."""
@@ -351,6 +357,8 @@ class TelemetryHub:
                 self._cache[rank].apply(ev)
             elif kind == schema.REFUSED:
                 self._refused(ev, now)
+            elif kind == schema.TRANSFERS:
+                self._transfers[rank] = ev["counts"]
             elif kind == schema.STACKS:
                 seq = self._stacks.get(rank, (0, ""))[0] + 1
                 self._stacks[rank] = (seq, ev["text"])

@@ -25,7 +25,10 @@ CACHE_CONFIG = "cache_config"
 CACHE_COMPILE = "cache_compile"
 CACHE_MISS = "cache_miss"
 CACHE_KINDS = (CACHE_CONFIG, CACHE_COMPILE, CACHE_MISS)
-KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED, *CACHE_KINDS)
+# Transfers the transfer guard logged on a process so far, by direction (engine/guards.py).
+TRANSFERS = "transfers"
+TRANSFER_KINDS = ("host-to-device", "device-to-host", "device-to-device")
+KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED, *CACHE_KINDS, TRANSFERS)
 
 # The largest event the kernel reads. A relayed stack dump (at most 256 Ki characters) is the
 # biggest an agent sends; anything larger is refused before it is parsed.
@@ -114,6 +117,11 @@ def _kind_fields(kind: str, ev: dict) -> dict:
         return {"text": _text(ev, "text", MAX_STACK_TEXT, "", tail=True)}
     if kind in CACHE_KINDS:
         return _cache_fields(kind, ev)
+    if kind == TRANSFERS:
+        counts = ev.get("counts", {})
+        if not isinstance(counts, dict) or not set(counts) <= set(TRANSFER_KINDS):
+            raise Malformed("bad field", "counts is not a map of transfer kinds to counts")
+        return {"counts": {k: _int(counts, k) for k in TRANSFER_KINDS if k in counts}}
     # REFUSED
     return {"peer": _text(ev, "peer", 256), "error": _text(ev, "error", MAX_TEXT, "")}
 
