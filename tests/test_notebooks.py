@@ -118,6 +118,10 @@ EXPECTED = {
         "certificate only:        JaxRuntimeError: INVALID_ARGUMENT: mTLS configuration is missing",
         "prefix without its '/':  JaxRuntimeError: INVALID_ARGUMENT: mTLS peer_uri_prefix must end",
         "no mTLS, check required: aborted (signal 6)",
+        # the cluster's own CA, but a URI outside the prefix: refused, and reported as such
+        "the outsider:   refused (it hung up)",
+        "process 1:      accepted",
+        "for an identity outside this cluster",
     ],
 }
 
