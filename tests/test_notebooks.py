@@ -106,6 +106,9 @@ EXPECTED = {
         "each process's id",
         "[p0-1] back to my rows: True",
         "jaxsys: barrier 'checkpoint-written' passed by p0-1",
+        "[p0] waiting at barrier 'held-back': arrived p0; missing p1",
+        "barrier 'held-back' timed out after 2 s: p1 never arrived (arrived: p0)",
+        "jaxsys: barrier 'after-the-wait' passed by p0-1",
     ],
     "04-security.ipynb": [
         "did it join? False",
