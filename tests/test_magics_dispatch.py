@@ -108,6 +108,24 @@ def test_start_defaults_and_host_lists(shell, session):
     assert "heartbeat_timeout" not in kwargs  # the cluster's own default applies
 
 
+def test_start_transfer_ports_and_thread_guard(shell, session):
+    jaxsys(shell, "start --transfer-ports --thread-guard")
+    _, _, kwargs = only_call(session)
+    assert kwargs["env"] == {"JAXSYS_TRANSFER_PORTS": "1"} and session.thread_guard is True
+    session.calls.clear()
+    jaxsys(shell, "start")
+    assert only_call(session)[2]["env"] == {} and session.thread_guard is False
+
+
+def test_multihost_thread_guard_reaches_the_session(shell, session):
+    shell.run_cell_magic("multihost", "--thread-guard", "print(1)")
+    assert only_call(session)[2]["thread_guard"] is True
+    session.calls.clear()
+    shell.run_cell_magic("multihost", "", "print(1)")
+    # None: the cluster's default (%jaxsys start --thread-guard) decides.
+    assert only_call(session)[2]["thread_guard"] is None
+
+
 @pytest.mark.parametrize(
     "line,fragment",
     [
