@@ -75,6 +75,7 @@ def test_disallow_raises_on_every_process_naming_the_transfer(world, capsys):
 def test_log_lines_reach_the_cell_and_are_counted(world, capsys):
     c, s = world["cluster"], world["session"]
     guard(s, capsys, "log", reset_counts=True)
+    dash = s.show_dashboard()
     try:
         r, sink = run(
             c,
@@ -97,4 +98,8 @@ def test_log_lines_reach_the_cell_and_are_counted(world, capsys):
     deadline = time.monotonic() + 15
     while c.telemetry.transfer_counts() != {0: want, 1: want}:
         assert time.monotonic() < deadline, c.telemetry.transfer_counts()
+        time.sleep(0.05)
+    line = "transfers logged: [p0-1] 6 h2d, 0 d2h, 0 d2d"
+    while not any(line in entry for entry in dash.live.event_log):
+        assert time.monotonic() < deadline, dash.live.event_log
         time.sleep(0.05)
