@@ -33,6 +33,8 @@ EXPECTED = {
         "[p3] 30",
         # errors grouped by process: p1 and p3 raised, the others printed
         "[p0] 1 / scale = 1.0",
+        # the same computation as one process with all 8 devices
+        "processes: 1 | devices: 8 | sum: 48.0 mean: 1.5",
         # --explain: the call each process made
         "    process_id=1,",
     ],
