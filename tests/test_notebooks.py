@@ -35,6 +35,8 @@ EXPECTED = {
         "[p0] 1 / scale = 1.0",
         # the same computation as one process with all 8 devices
         "processes: 1 | devices: 8 | sum: 48.0 mean: 1.5",
+        # initialize after a device call is refused
+        "RuntimeError: jax.distributed.initialize() must be called before any JAX calls",
         # --explain: the call each process made
         "    process_id=1,",
     ],
