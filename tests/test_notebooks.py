@@ -20,6 +20,8 @@ EXPECTED = {
         "same devices in the same places as `mesh`: True",
         # a matmul picks a layout neither input had; replicate before reading
         "product: P('data',)",
+        # the sharding view's text form, for readers without widgets
+        "P('data',) over shape (8, 8): 4 blocks of shape (2, 8), x2 replicated, processes p0-3",
         "[p0-3] matches NumPy: True",
         # a mesh over half the devices: processes 0 and 1 hold nothing
         "[p0-1] my shards: []",
@@ -152,6 +154,19 @@ EXPLAINED = {
 }
 
 
+# Pictures a saved notebook must show without widgets: the views' static SVG renderings.
+STATIC_PICTURES = {"01-meshes-and-shardings.ipynb": 8, "06-compilation-cache.ipynb": 2}
+
+
+def _svg_outputs(nb) -> int:
+    return sum(
+        "<svg" in o.get("data", {}).get("text/html", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
+
+
 def _markdown(nb) -> str:
     return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
 
@@ -208,6 +223,9 @@ def test_notebook_runs(path, tag, tmp_path):
     for line in EXPECTED.get(path.name, []):
         assert line in text, f"{path.name}: missing {line!r}"
     assert "[Gloo]" not in text
+    assert _svg_outputs(nb) >= STATIC_PICTURES.get(path.name, 0), (
+        f"{path.name}: static views missing"
+    )
     problems = clean_run_problems(nb, EXPLAINED.get(path.name, []))
     assert not problems, f"{path.name} is not a clean run:\n" + "\n".join(problems)
 
