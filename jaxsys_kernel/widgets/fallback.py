@@ -37,7 +37,17 @@ def _figure(svg: str, caption: str) -> str:
 
 
 def mesh_text(info: dict) -> str:
-    """One line naming the mesh's axes, size, processes and devices."""
+    """One line naming the mesh's axes, size, processes and devices.
+
+    Parameters
+    ----------
+    info : dict
+        A MeshInfo dict (:func:`jaxsys_kernel.engine.summaries.mesh_info`); empty for none.
+
+    Returns
+    -------
+    str
+    """
     if not info:
         return "<empty mesh>"
     axes = ", ".join(f"{a}={n}" for a, n in zip(info["axis_names"], info["shape"], strict=True))
@@ -57,7 +67,18 @@ def _mesh_grid(info: dict) -> tuple[int, int]:
 
 
 def mesh_svg(info: dict) -> str:
-    """The mesh as a grid of device cells coloured by process (leading axes stacked)."""
+    """The mesh as a grid of device cells coloured by process (leading axes stacked).
+
+    Parameters
+    ----------
+    info : dict
+        A MeshInfo dict; meshes of more than :data:`MAX_CELLS` devices get text instead.
+
+    Returns
+    -------
+    str
+        HTML: a ``<figure>`` holding an inline SVG and a caption.
+    """
     if not info:
         return "<p>empty mesh</p>"
     rows, cols = _mesh_grid(info)
@@ -83,7 +104,18 @@ def mesh_svg(info: dict) -> str:
 
 
 def sharding_text(info: dict) -> str:
-    """One line with the shape, spec, shard shape, replication and who holds what."""
+    """The shape, spec, shard shape and replication, then the first blocks' holders.
+
+    Parameters
+    ----------
+    info : dict
+        A ShardingInfo dict (:func:`jaxsys_kernel.engine.summaries.sharding_info`).
+
+    Returns
+    -------
+    str
+        One line, plus one line naming the devices and processes of up to 8 blocks.
+    """
     if not info:
         return "<empty sharding>"
     owners = "; ".join(
@@ -105,7 +137,20 @@ def _block_index(block: dict) -> str:
 
 
 def sharding_svg(info: dict, dims: tuple[int, int] = (0, 1)) -> str:
-    """The array's blocks on a grid (two dims), each split among the processes holding it."""
+    """The array's blocks on a grid (two dims), each split among the processes holding it.
+
+    Parameters
+    ----------
+    info : dict
+        A ShardingInfo dict; merged (aggregated) layouts get text instead.
+    dims : tuple of int
+        The array dims drawn as rows and columns; other dims show their first blocks.
+
+    Returns
+    -------
+    str
+        HTML: a ``<figure>`` holding an inline SVG and a caption.
+    """
     if not info:
         return "<p>empty sharding</p>"
     grid = list(info.get("grid") or info.get("tiles") or [1])
