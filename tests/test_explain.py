@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from jaxsys_kernel.cluster.records import ProcessInfo
 from jaxsys_kernel.magics.explain import explain
@@ -86,7 +86,7 @@ class StartSession:
 
 @pytest.fixture(scope="module")
 def shell():
-    return start_ipython()
+    return globalipapp.start_ipython() or globalipapp.get_ipython()  # None once started
 
 
 def test_start_options_reach_the_session(shell, capsys):
