@@ -118,6 +118,7 @@ EXPECTED = {
         "[p0] waiting at barrier 'held-back': arrived p0; missing p1",
         "barrier 'held-back' timed out after 2 s: p1 never arrived (arrived: p0)",
         "jaxsys: barrier 'after-the-wait' passed by p0-1",
+        "in the thread started inside the trace: UnexpectedTracerError",
     ],
     "04-security.ipynb": [
         "did it join? False",
