@@ -167,7 +167,10 @@ def kernel_with_cluster(tag: str, start: str = "%jaxsys start --hosts 2 --device
     k = Kernel(tag)
     try:
         out = k.execute(start, timeout=180)
-        assert out.status == "ok", out.stderr
+        # The error's own words first: a summary line shows only the message's first line,
+        # and the start's progress bars come before the error on stderr.
+        why = " | ".join(str((out.error or {}).get("evalue")).splitlines())
+        assert out.status == "ok", f"{start!r} failed: {why}\nstderr: {out.stderr}"
         yield k
     finally:
         k.shutdown()
