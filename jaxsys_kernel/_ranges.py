@@ -57,13 +57,16 @@ def parse_procs(text: str, nprocs: int) -> list[int]:
     return sorted(chosen)
 
 
-def format_procs(procs: Iterable[int]) -> str:
-    """Format process indices compactly, as ``p0-3`` or ``p0,2``.
+def format_procs(procs: Iterable[int], prefix: str = "p") -> str:
+    """Format process indices compactly, as ``p0-3`` or ``p0,2`` (or other ids, with another
+    ``prefix``: ``d0,2048``).
 
     Parameters
     ----------
     procs : iterable of int
         Process indices, in any order.
+    prefix : str
+        What the label starts with.
 
     Returns
     -------
@@ -86,4 +89,4 @@ def format_procs(procs: Iterable[int]) -> str:
             j += 1
         runs.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
-    return "p" + ",".join(runs)
+    return prefix + ",".join(runs)

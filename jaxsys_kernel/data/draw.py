@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from html import escape
 
+from .._ranges import format_procs
+
 # Same list, same order as PALETTE in widgets/static/views.js (a test keeps them equal).
 PALETTE = [
     "#8ec5ea",
@@ -43,16 +45,7 @@ def process_colour(p: int) -> str:
 
 def format_ids(values, prefix: str = "p") -> str:
     """Sorted ids with runs collapsed: ``p0-3``, ``d0,2048``."""
-    items = sorted(set(values))
-    runs: list[str] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        runs.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
-        i = j + 1
-    return prefix + ",".join(runs)
+    return format_procs(values, prefix)
 
 
 def format_bytes(n: float) -> str:
