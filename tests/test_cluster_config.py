@@ -441,3 +441,47 @@ def test_no_launcher_is_named_outside_the_launchers():
         if pattern.search(line)
     ]
     assert offenders == []
+
+
+def test_the_early_coordinator_port_is_held_until_teardown():
+    """Nothing else on this machine is given the port before process 0 binds it, yet a
+    server that sets SO_REUSEPORT (as gRPC does) still can bind and serve it."""
+    import socket
+
+    local = make_launcher(ClusterConfig(hosts=2))
+    host, port = local.early_coordinator().rsplit(":", 1)
+    port = int(port)
+    with socket.socket() as intruder, pytest.raises(OSError):
+        intruder.bind((host, port))
+    with socket.socket() as server, socket.socket() as client:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        # (Only so that the check below is not refused by this connection's TIME_WAIT.)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((host, port))
+        server.listen()
+        client.connect((host, port))
+        conn, _ = server.accept()
+        conn.close()
+    # A new world gets a new port; the old one is let go.
+    assert int(local.early_coordinator().rsplit(":", 1)[1]) != port
+    with socket.socket() as s:
+        # SO_REUSEADDR passes the closed connection's TIME_WAIT, never a bound socket.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    local.release_ports()
+    assert local._held_ports == []
+
+
+def test_an_engine_holds_the_port_it_found_until_jax_binds_it():
+    import socket
+
+    from jaxsys_kernel.engine import bootstrap
+
+    port = bootstrap.free_port("127.0.0.1")
+    try:
+        with socket.socket() as intruder, pytest.raises(OSError):
+            intruder.bind(("127.0.0.1", port))
+    finally:
+        bootstrap._release_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))

@@ -159,6 +159,7 @@ def kill(cluster) -> float:
         ipp.controller = None
         launcher.ipp = None
     wait_gone(pids, timeout=KILL_WAIT_S)
+    launcher.release_ports()
     if cluster._profile is not None:
         remove_profile(cluster._profile)
         cluster._profile = None

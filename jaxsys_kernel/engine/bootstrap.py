@@ -143,8 +143,16 @@ def _start_stack_relay(path: str) -> None:
     threading.Thread(target=relay, name="jaxsys-stack-relay", daemon=True).start()
 
 
+# The port free_port() found, kept bound until this process's coordination service binds it.
+_held_port: socket.socket | None = None
+
+
 def free_port(bind: str = "") -> int:
-    """Return a TCP port that is free on this host right now.
+    """Return a TCP port that is free on this host, and keep it so until JAX binds it.
+
+    A port merely found free can be given to another socket before the coordination
+    service binds it. The port stays bound here (not listening) until :func:`initialize`
+    has run; ``SO_REUSEPORT`` lets gRPC, which sets it too, bind the same port meanwhile.
 
     Parameters
     ----------
@@ -156,9 +164,20 @@ def free_port(bind: str = "") -> int:
     int
         A port number.
     """
-    with socket.socket() as s:
-        s.bind((bind, 0))
-        return s.getsockname()[1]
+    global _held_port
+    _release_port()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((bind, 0))
+    _held_port = s
+    return s.getsockname()[1]
+
+
+def _release_port() -> None:
+    global _held_port
+    held, _held_port = _held_port, None
+    if held is not None:
+        held.close()
 
 
 class _EarlyInit:
@@ -263,14 +282,17 @@ def initialize(
     if early is not None:
         # Let a running import finish instead of racing it.
         early.done.wait(timeout)
-    return _join(
-        coordinator_address,
-        num_processes,
-        process_id,
-        bind_address=bind_address,
-        timeout=timeout,
-        heartbeat_timeout=heartbeat_timeout,
-    )
+    try:
+        return _join(
+            coordinator_address,
+            num_processes,
+            process_id,
+            bind_address=bind_address,
+            timeout=timeout,
+            heartbeat_timeout=heartbeat_timeout,
+        )
+    finally:
+        _release_port()
 
 
 def _join(

@@ -80,10 +80,23 @@ def _xla_flags(devices: int) -> str:
     return " ".join(flags)
 
 
-def free_local_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def hold_port(host: str) -> socket.socket:
+    """A socket bound, not listening, to a free port on ``host``; the port is its own.
+
+    A port merely found free can be handed to someone else (another bind to port 0, or any
+    outgoing connection's local port) before the process meant to serve it binds it.
+    While this socket stays bound the kernel gives the port to nobody else, yet with
+    ``SO_REUSEPORT`` a server of the same user can still bind it: gRPC, and so JAX's
+    coordination service, sets that option on its listening sockets.
+    """
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((host, 0))
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def host_part(host: str) -> str:
@@ -147,6 +160,8 @@ class Launcher:
         self.config = config
         self.ipp = None
         self.engine_sets: dict[int, str] = {}
+        # Ports held for a process that has yet to bind them (see hold_port).
+        self._held_ports: list[socket.socket] = []
 
     # -- the controller ------------------------------------------------------------------
 
@@ -203,6 +218,12 @@ class Launcher:
         """The coordinator's address, if it can be chosen before launch (engines then join
         while they register); None when process 0's host is only known afterwards."""
         return None
+
+    def release_ports(self) -> None:
+        """Close the sockets holding ports for processes (the processes keep theirs)."""
+        held, self._held_ports = self._held_ports, []
+        for s in held:
+            s.close()
 
     def coordinator_host(self, p0_address: str) -> str:
         """The host the other processes reach process 0's coordination service at."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import stacks
 from ..profile import engine_file
 from ..teardown import pid_alive
-from .base import EngineContext, Launcher, free_local_port, native_log_file, stack_file
+from .base import EngineContext, Launcher, hold_port, native_log_file, stack_file
 
 if TYPE_CHECKING:
     from ..records import ProcessInfo
@@ -35,7 +35,17 @@ class LocalLauncher(Launcher):
         return self.config.addresses
 
     def early_coordinator(self) -> str | None:
-        return f"{self.config.addresses[0]}:{free_local_port()}"
+        # Held until the world is torn down: process 0 binds it seconds after launch.
+        self.release_ports()
+        host = self.config.addresses[0]
+        try:
+            hold = hold_port(host)
+        except OSError:
+            # An address of another network namespace: its ports are not ours to hold,
+            # and a port free on loopback here is as good a guess as any.
+            hold = hold_port("127.0.0.1")
+        self._held_ports.append(hold)
+        return f"{host}:{hold.getsockname()[1]}"
 
     def _engine_fields(self, rank: int, ctx: EngineContext) -> dict[str, Any]:
         fields: dict[str, Any] = {"parent_pid": os.getpid()}
