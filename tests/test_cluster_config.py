@@ -485,3 +485,22 @@ def test_an_engine_holds_the_port_it_found_until_jax_binds_it():
         bootstrap._release_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_transfer_socket_port_is_kept_for_jax():
+    import socket
+    import types
+
+    from jaxsys_kernel.engine import transfers
+
+    chosen = {}
+    fake_jax = types.SimpleNamespace(
+        config=types.SimpleNamespace(update=lambda name, value: chosen.update({name: value}))
+    )
+    env = {contract.TRANSFER_PORTS: "1"}
+    address = transfers.configure(fake_jax, "127.0.0.1:1234", environ=env)
+    assert chosen == {transfers.OPTION: address}
+    port = int(address.rsplit(":", 1)[1])
+    with socket.socket() as intruder, pytest.raises(OSError):
+        intruder.bind(("127.0.0.1", port))
+    assert transfers.configure(fake_jax, "127.0.0.1:1234", environ={}) is None

@@ -15,6 +15,10 @@ import socket
 from .. import contract
 
 OPTION = "jax_cross_host_transfer_socket_address"
+# The port configure() picked, kept bound for the life of the process: otherwise another
+# socket could be given it before JAX binds it. JAX's listener sets SO_REUSEPORT too, so it
+# binds the same port regardless.
+_held: socket.socket | None = None
 
 
 def transfer_host(coordinator_address: str) -> str:
@@ -39,9 +43,12 @@ def configure(jax, coordinator_address: str, environ=None) -> str | None:
     if environ.get(contract.TRANSFER_PORTS) != "1":
         return None
     host = transfer_host(coordinator_address)
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
+    global _held
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((host, 0))
+    _held = s
+    port = s.getsockname()[1]
     address = f"{host}:{port}"
     jax.config.update(OPTION, address)
     return address
