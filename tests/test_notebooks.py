@@ -244,6 +244,38 @@ def test_notebooks_are_stored_without_outputs():
                 assert not c.get("outputs") and c.get("execution_count") is None, path.name
 
 
+# Prose a reader meets in one notebook: about 1,500 words at most; longer topics split.
+MAX_PROSE_WORDS = 1500
+_FENCED = re.compile(r"```.*?```", re.S)
+_WORD = re.compile(r"[A-Za-z0-9_'’\-.%/`]+")
+
+
+def prose_words(nb) -> int:
+    """Words in a notebook's markdown cells, fenced code blocks left out."""
+    return len(_WORD.findall(_FENCED.sub("", _markdown(nb))))
+
+
+def test_every_notebook_opens_with_what_it_teaches_and_stays_short():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        words = prose_words(nb)
+        assert words <= MAX_PROSE_WORDS, f"{path.name}: {words} words of prose"
+        first = nb.cells[0]
+        assert first.cell_type == "markdown" and first.source.startswith("# "), path.name
+        # What the reader will be able to do comes first, before any how.
+        opening = first.source.split("\n\n")[1]
+        assert opening.startswith("After this notebook you"), f"{path.name}: {opening[:80]!r}"
+
+
+def test_prose_count_leaves_out_code():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Two words\n```python\nx = 1 + 2\n```"),
+        nbformat.v4.new_code_cell("a b c d"),
+    ]
+    assert prose_words(nb) == 2
+
+
 def _executed(cells: list[tuple[str, str, list]]):
     """A notebook as if executed: (cell type, source, outputs) triples, the first tagged."""
     nb = nbformat.v4.new_notebook()
