@@ -49,8 +49,11 @@ CELLS = [
     "arr",
     "%jaxsys dashboard",
     f"%%multihost\nimport time\ntime.sleep({SLEEP_S})\nprint('slept')",
+    "%jaxsys transfer-guard log --reset-counts",
+    # Each add moves the NumPy array and the Python scalar to the device: 2 logged per process.
+    "%%multihost\nimport jax.numpy as jnp\nprint('added', jnp.add(np.ones(3, np.float32), 1.0))",
 ]
-MESH, SHARDING, DASHBOARD, SLEEP = 1, 2, 3, 4
+MESH, SHARDING, DASHBOARD, SLEEP, GUARD, ADD = 1, 2, 3, 4, 5, 6
 
 # The state of each row of the dashboard's live view, read from the DOM.
 LIVE_ROWS = """(cell) => {
@@ -195,6 +198,19 @@ def test_dashboard_mesh_and_sharding_in_lab(tag, tmp_path):
                 )
                 assert_no_errors(page)
                 assert page.locator(".jxs-error").count() == 0
+
+                # Transfers the guard logs appear on each process's row.
+                run_cell(page, GUARD)
+                run_cell(page, ADD)
+                wait_for(page, f"{OUTPUT}:has-text('added')", 30)
+                page.wait_for_function(
+                    "(cell) => { const c = document.querySelectorAll('.jp-NotebookPanel .jp-Cell')"
+                    "[cell]; const t = [...c.querySelectorAll('.jxs-live-row .jxs-transfers')]"
+                    ".map((e) => e.textContent); return t.length === 2 && "
+                    "t.every((x) => x.includes('2 h2d · 0 d2h · 0 d2d')); }",
+                    arg=DASHBOARD,
+                    timeout=15_000,
+                )
             except BaseException:
                 screenshot(page, "dashboard-failure.png")
                 print(lab.log_tail())

@@ -103,3 +103,7 @@ def test_log_lines_reach_the_cell_and_are_counted(world, capsys):
     while not any(line in entry for entry in dash.live.event_log):
         assert time.monotonic() < deadline, dash.live.event_log
         time.sleep(0.05)
+    # ... and its table, a column per process.
+    while [p.get("transfers") for p in dash.live.liveness] != [want, want]:
+        assert time.monotonic() < deadline, dash.live.liveness
+        time.sleep(0.05)

@@ -85,6 +85,24 @@ def test_cache_and_liveness_tables():
     assert live["text/plain"].splitlines()[-1] == "line 19" and "line 9\n" not in live["text/plain"]
 
 
+def test_logged_transfers_get_a_column_once_a_process_has_some():
+    quiet = bundle(LiveDevicesView([{"rank": 0, "state": "alive", "devices": [0]}]))
+    assert "transfers logged" not in quiet["text/plain"]
+    counts = {"host-to-device": 6, "device-to-host": 1, "device-to-device": 0}
+    live = bundle(
+        LiveDevicesView(
+            [
+                {"rank": 0, "state": "alive", "devices": [0], "transfers": counts},
+                {"rank": 1, "state": "alive", "devices": [1]},
+            ]
+        )
+    )
+    header, p0, p1 = live["text/plain"].splitlines()[:3]
+    assert header.rstrip().endswith("transfers logged")
+    assert p0.rstrip().endswith("6 h2d, 1 d2h, 0 d2d") and p1.rstrip().endswith("-")
+    assert "<td>6 h2d, 1 d2h, 0 d2d</td>" in live["text/html"]
+
+
 def test_empty_views_say_so():
     assert bundle(MeshView())["text/plain"] == "<empty mesh>"
     assert bundle(ShardingView())["text/plain"] == "<empty sharding>"

@@ -196,6 +196,7 @@ class TelemetryHub:
                         busy=bool(beat and beat["busy"]),
                         devices=list(beat["devices"]) if beat else [],
                         incarnation=beat["inc"] if beat else 0,
+                        transfers=dict(self._transfers.get(r, {})),
                     )
                 )
         return out

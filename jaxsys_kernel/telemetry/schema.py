@@ -341,6 +341,8 @@ class Liveness:
     busy: bool = False
     devices: list[int] = field(default_factory=list)
     incarnation: int = 0
+    #: Transfers its transfer guard logged so far, by direction (empty until it logs one).
+    transfers: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The fields as a dict."""

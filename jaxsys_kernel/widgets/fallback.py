@@ -249,11 +249,21 @@ def cache_text(stats: list[dict]) -> str:
 
 
 LIVE_COLUMNS = ["process", "state", "heartbeat age s", "busy", "devices", "incarnation"]
+# Shown once any process's transfer guard has logged a transfer.
+TRANSFER_COLUMN = "transfers logged"
+_DIRECTIONS = {"host-to-device": "h2d", "device-to-host": "d2h", "device-to-device": "d2d"}
 
 
-def _live_rows(liveness: list[dict]) -> list[list]:
-    return [
-        [
+def transfer_counts_text(counts: dict[str, int]) -> str:
+    """``6 h2d, 0 d2h, 0 d2d``: a process's logged transfers, by direction."""
+    return ", ".join(f"{counts.get(kind, 0)} {short}" for kind, short in _DIRECTIONS.items())
+
+
+def _live_table(liveness: list[dict]) -> tuple[list[str], list[list]]:
+    with_transfers = any(p.get("transfers") for p in liveness)
+    rows = []
+    for p in liveness:
+        row = [
             f"p{p['rank']}",
             p.get("state", "unknown"),
             "-" if p.get("heartbeat_age") is None else f"{p['heartbeat_age']:.1f}",
@@ -261,18 +271,20 @@ def _live_rows(liveness: list[dict]) -> list[list]:
             ",".join(map(str, p.get("devices", []))) or "-",
             p.get("incarnation", 0),
         ]
-        for p in liveness
-    ]
+        if with_transfers:
+            row.append(transfer_counts_text(p["transfers"]) if p.get("transfers") else "-")
+        rows.append(row)
+    return LIVE_COLUMNS + [TRANSFER_COLUMN] * with_transfers, rows
 
 
 def live_html(liveness: list[dict], log: list[str]) -> str:
     """The liveness table and the newest log lines, as HTML."""
-    table = _table(LIVE_COLUMNS, _live_rows(liveness)) if liveness else "<p>no processes</p>"
+    table = _table(*_live_table(liveness)) if liveness else "<p>no processes</p>"
     tail = "".join(f"{escape(line)}\n" for line in log[-10:])
     return table + (f"<pre>{tail}</pre>" if tail else "")
 
 
 def live_text(liveness: list[dict], log: list[str]) -> str:
     """The liveness table and the newest log lines, as text."""
-    table = _text_table(LIVE_COLUMNS, _live_rows(liveness)) if liveness else "<no processes>"
+    table = _text_table(*_live_table(liveness)) if liveness else "<no processes>"
     return "\n".join([table, *log[-10:]])

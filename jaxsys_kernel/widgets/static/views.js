@@ -779,6 +779,17 @@ function renderCache(model, root) {
 
 // ------------------------------------------------------------------------------------ live
 
+/** A process's logged transfers, once its transfer guard has logged any.
+ * @param {Record<string, number>|undefined} counts */
+function transfersText(counts) {
+  if (!counts || !Object.keys(counts).length) return null;
+  const part = (/** @type {string} */ kind, /** @type {string} */ short) => `${counts[kind] || 0} ${short}`;
+  return h("span", {
+    class: "jxs-muted jxs-transfers",
+    title: "transfers this process's transfer guard logged (%jaxsys transfer-guard)",
+  }, [`⇄ ${part("host-to-device", "h2d")} · ${part("device-to-host", "d2h")} · ${part("device-to-device", "d2d")}`]);
+}
+
 /** @param {AnyModel} model @param {HTMLElement} root */
 function renderLive(model, root) {
   /** @type {any[]} */
@@ -838,6 +849,7 @@ function renderLive(model, root) {
         [`♥ ${formatSeconds(age)}`]),
       h("span", { class: "jxs-muted" }, [`inc ${p.incarnation ?? 0}${p.busy ? " · busy" : ""}`]),
       h("span", { class: "jxs-devs" }, devs),
+      transfersText(p.transfers),
       controls ? h("span", { class: "jxs-controls" }, [
         control("stacks", "dump this process's Python stacks", "stacks", p.rank),
         control("kill", "SIGKILL this process", "kill", p.rank),
