@@ -45,6 +45,11 @@ STATE_DIR = "JAXSYS_STATE_DIR"
 # jaxsys controls. Engine ids never decide the rank: they follow registration order.
 RANK_VARIABLES = (PROCESS_ID, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
+# -- the JupyterLab extension ----------------------------------------------------------------
+
+# The editor language the kernel names in its codemirror_mode (labextension/src/highlight.ts).
+EDITOR_LANGUAGE = "jaxsys-ipython"
+
 # -- mime types ------------------------------------------------------------------------------
 
 # Mesh and sharding summaries displayed by engines, turned into views by the kernel.

@@ -33,6 +33,18 @@ def test_python_and_package_json_have_one_version():
     assert Version(PACKAGE["version"]) == Version(__version__), (PACKAGE["version"], __version__)
 
 
+def test_the_kernel_names_the_editor_language_the_extension_adds():
+    from jaxsys_kernel import contract
+    from jaxsys_kernel.kernel.kernel import JaxSysKernel
+
+    source = (EXT / "src" / "highlight.ts").read_text()
+    assert f"LANGUAGE_NAME = '{contract.EDITOR_LANGUAGE}'" in source
+    mode = JaxSysKernel.language_info["codemirror_mode"]
+    # Named first; without the extension JupyterLab falls back to its IPython by mime type.
+    assert mode["name"] == contract.EDITOR_LANGUAGE and mode["mime"] == "text/x-ipython"
+    assert JaxSysKernel.language_info["pygments_lexer"] == "ipython3"
+
+
 def test_wheel_installs_the_prebuilt_extension_under_its_name():
     shared = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
     out_dir = f"labextension/{PACKAGE['jupyterlab']['outputDir']}"

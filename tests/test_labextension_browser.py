@@ -107,6 +107,36 @@ def _rows(page) -> dict[str, str]:
     )
 
 
+# The same, for cell i of the notebook in front (other notebooks' cells stay in the DOM).
+CURRENT_TOKENS = """(i) => {
+  const cell = window.jupyterapp.shell.currentWidget.node.querySelectorAll('.jp-Cell')[i];
+  return [...cell.querySelectorAll('.cm-content .cm-line')].map((line) =>
+    [...line.querySelectorAll('span')].map((s) => [s.textContent, s.className]));
+}"""
+
+
+def _check_other_kernels_keep_their_language(page, lab, root) -> None:
+    """A notebook of another IPython kernel keeps JupyterLab's own editor language."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_code_cell(f"%%multihost --procs 0,1\n{MAGIC_BODY}")]
+    nbformat.write(nb, root / "plain.ipynb")
+    open_notebook(page, lab, "plain.ipynb", timeout=60)
+    page.wait_for_function(
+        f"() => ({CURRENT_TOKENS})(0).length === 4 && "
+        "window.jupyterapp.shell.currentWidget.context.path === 'plain.ipynb'",
+        timeout=30_000,
+    )
+    tokens = page.evaluate(CURRENT_TOKENS, 0)
+    assert not any("cm-jaxsys-magic" in cls for line in tokens for _, cls in line), tokens
+
+
 def _check_highlighting(page) -> None:
     magic, plain = page.evaluate(TOKENS, MAGIC), page.evaluate(TOKENS, PLAIN)
     assert len(magic) == len(plain) + 1, (magic, plain)
@@ -265,6 +295,7 @@ def test_status_bar_and_sidebar_in_lab(tag, tmp_path):
 
                 times["kernel restart -> comm re-attached"] = _restart_kernel(page, pid)
                 screenshot(page, "labextension-restarted.png")
+                _check_other_kernels_keep_their_language(page, lab, root)
             except BaseException:
                 screenshot(page, "labextension-failure.png")
                 print(lab.log_tail())

@@ -6,7 +6,7 @@ import concurrent.futures
 
 from ipykernel.ipkernel import IPythonKernel
 
-from .. import _compat
+from .. import _compat, contract
 from .._version import __version__
 from ..magics import register_magics
 from .comm import ClusterComms
@@ -22,6 +22,18 @@ class JaxSysKernel(IPythonKernel):
 
     implementation = "jaxsys"
     implementation_version = __version__
+    # JupyterLab picks a notebook's editor language by this name first, then by the mime
+    # type: with the jaxsys extension, jaxsys notebooks get its IPython language (magic
+    # lines kept out of the Python parse) and other notebooks keep JupyterLab's; without
+    # the extension, jaxsys notebooks fall back to JupyterLab's IPython.
+    language_info = {
+        **IPythonKernel.language_info,
+        "codemirror_mode": {
+            "name": contract.EDITOR_LANGUAGE,
+            "mime": "text/x-ipython",
+            "version": 3,
+        },
+    }
     banner = f"jaxsys {__version__}: multi-controller JAX from one notebook (%jaxsys? for help)"
 
     def __init__(self, **kwargs):

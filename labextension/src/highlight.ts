@@ -131,27 +131,30 @@ export function ipythonSupport(python: LanguageSupport): LanguageSupport {
   return new LanguageSupport(language, [python.support, magicHighlighter]);
 }
 
+/** The editor language of jaxsys notebooks, named by the kernel's `codemirror_mode`. */
+export const LANGUAGE_NAME = 'jaxsys-ipython';
+const LANGUAGE_MIME = 'text/x-jaxsys-ipython';
+
 /**
- * Make the `ipython` editor language (notebook cells of Python kernels) parse a
- * `%%multihost` or `%%local` cell as the Python it holds.
+ * Add the editor language of jaxsys notebooks: IPython whose `%%multihost` or `%%local`
+ * cells are parsed as the Python they hold.
  *
  * JupyterLab parses IPython cells as plain Python, where a magic line is a syntax error
- * whose recovery can colour the lines after it wrongly. Must run before editors load the
- * language, i.e. while plugins activate.
+ * whose recovery can colour the lines after it wrongly. Only notebooks whose kernel names
+ * this language get it; every other notebook keeps JupyterLab's `ipython`.
  */
-export function installIPythonMagics(languages: IEditorLanguageRegistry): boolean {
-  const spec = languages.findByName('ipython');
-  if (!spec) {
-    return false;
-  }
-  const mutable = spec as { support?: LanguageSupport; load: () => Promise<LanguageSupport> };
-  mutable.support = undefined;
-  mutable.load = async () => {
-    const python = await languages.getLanguage('python');
-    if (!python?.support) {
-      throw new Error('jaxsys: the python editor language is not available');
+export function registerJaxsysLanguage(languages: IEditorLanguageRegistry): void {
+  languages.addLanguage({
+    name: LANGUAGE_NAME,
+    displayName: 'IPython (jaxsys)',
+    mime: LANGUAGE_MIME,
+    extensions: [],
+    load: async () => {
+      const python = await languages.getLanguage('python');
+      if (!python?.support) {
+        throw new Error('jaxsys: the python editor language is not available');
+      }
+      return ipythonSupport(python.support);
     }
-    return ipythonSupport(python.support);
-  };
-  return true;
+  });
 }

@@ -8,7 +8,7 @@ import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { installIPythonMagics } from './highlight';
+import { registerJaxsysLanguage } from './highlight';
 import { JaxsysModel } from './model';
 import { Action } from './protocol';
 import { JaxsysSidebar } from './sidebar';
@@ -107,7 +107,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     languages: IEditorLanguageRegistry | null
   ) => {
     if (languages) {
-      installIPythonMagics(languages);
+      registerJaxsysLanguage(languages);
     }
     const model = new JaxsysModel(tracker);
     const sidebar = new JaxsysSidebar(model);
