@@ -65,6 +65,22 @@ def test_explain_without_mtls_or_recoverability():
     assert "JAX's default; fate-sharing" in text
 
 
+def test_explain_shows_the_transfer_socket_jaxsys_set():
+    p = record(0, True, False)
+    p.init_settings.append(
+        {
+            "option": "jax_cross_host_transfer_socket_address",
+            "value": "127.0.0.1:40123",
+            "set_by": "set by jaxsys (--transfer-ports)",
+        }
+    )
+    text = explain([p])
+    line = "jax.config.update('jax_cross_host_transfer_socket_address', '127.0.0.1:40123')"
+    assert f"{line}  # set by jaxsys (--transfer-ports)" in text
+    # Options come before the call, as they must: JAX reads this one when its backend starts.
+    assert text.index(line) < text.index("jax.distributed.initialize(")
+
+
 def test_explain_names_a_process_that_did_not_report():
     text = explain([ProcessInfo(rank=3, pid=9, host="x")])
     assert "process 3" in text and "has not reported" in text

@@ -119,6 +119,8 @@ EXPECTED = {
         "barrier 'held-back' timed out after 2 s: p1 never arrived (arrived: p0)",
         "jaxsys: barrier 'after-the-wait' passed by p0-1",
         "in the thread started inside the trace: UnexpectedTracerError",
+        # --explain: the transfer socket as the plain-JAX line each process ran
+        "jax.config.update('jax_cross_host_transfer_socket_address', '127.0.0.1:",
     ],
     "04-security.ipynb": [
         "did it join? False",
@@ -265,6 +267,19 @@ def test_every_notebook_opens_with_what_it_teaches_and_stays_short():
         # What the reader will be able to do comes first, before any how.
         opening = first.source.split("\n\n")[1]
         assert opening.startswith("After this notebook you"), f"{path.name}: {opening[:80]!r}"
+
+
+# A private name: `obj._x` or `jax._src` (os._exit, the way to die at once, is public).
+_PRIVATE = re.compile(r"(?<!\bos)\._[A-Za-z]")
+
+
+def test_notebooks_use_only_public_names():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                for line in c.source.splitlines():
+                    assert not _PRIVATE.search(line), f"{path.name} {c.get('id')}: {line}"
 
 
 def test_prose_count_leaves_out_code():

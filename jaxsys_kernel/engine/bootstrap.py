@@ -310,7 +310,7 @@ def _join(
     from . import transfers
 
     # Before the backend starts: JAX reads the transfer socket's address only then.
-    transfers.configure(jax, coordinator_address)
+    transfer_address = transfers.configure(jax, coordinator_address)
     kwargs = {}
     if bind_address is not None:
         kwargs["coordinator_bind_address"] = bind_address
@@ -341,7 +341,7 @@ def _join(
         "seconds": time.perf_counter() - t0,
         # What %jaxsys start --explain shows: the call made and the settings it ran under.
         "call": call,
-        "settings": _explained_settings(jax),
+        "settings": _explained_settings(jax) + _transfer_setting(transfer_address),
     }
 
 
@@ -355,6 +355,21 @@ EXPLAINED_OPTIONS = (
     "jax_mtls_peer_uri_prefix",
     "jax_distributed_verify_secure_credentials",
 )
+
+
+def _transfer_setting(address: str | None) -> list[dict]:
+    """The transfer socket jaxsys set (``--transfer-ports``), as an explained option."""
+    if address is None:
+        return []
+    from . import transfers
+
+    return [
+        {
+            "option": transfers.OPTION,
+            "value": address,
+            "set_by": "set by jaxsys (--transfer-ports): a port of its own, 0 does not work",
+        }
+    ]
 
 
 def _explained_settings(jax) -> list[dict]:

@@ -28,7 +28,9 @@ def _option_line(row: dict) -> str:
     value = row.get("value")
     line = f"jax.config.update({row['option']!r}, {value!r})"
     env_value = row.get("env_value")
-    if env_value is None:
+    if row.get("set_by"):
+        source = row["set_by"]
+    elif env_value is None:
         source = "JAX's default"
     elif len(env_value) <= 8:
         source = f"set by ${row['env']}={env_value}"
