@@ -282,6 +282,42 @@ def test_notebooks_use_only_public_names():
                     assert not _PRIVATE.search(line), f"{path.name} {c.get('id')}: {line}"
 
 
+def _coverage_rows(text: str) -> list[list[str]]:
+    """The concept rows of docs/coverage.md: [concept, status, where]."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and cells[1] not in ("status", "---"):
+            rows.append(cells)
+    return rows
+
+
+def test_coverage_table_cites_cells_that_exist_and_leaves_nothing_partly_done():
+    """docs/coverage.md maps each concept of JAX's pages to the cells that teach it."""
+    text = (Path(__file__).parent.parent / "docs" / "coverage.md").read_text()
+    ids = {
+        p.name[:2]: {c.get("id") for c in nbformat.read(p, as_version=4).cells} for p in NOTEBOOKS
+    }
+    cited = re.findall(r"`(\d\d):([A-Za-z0-9_-]+)`", text)
+    assert len(cited) > 50, "the table cites notebook cells as `NN:cell-id`"
+    assert [c for c in cited if c[1] not in ids.get(c[0], set())] == []
+    rows = _coverage_rows(text)
+    assert len(rows) == 22 + 21 + 11 + 9, len(rows)
+    assert {status for _, status, _ in rows} <= {"covered", "n/a"}
+    # Each n/a says why; each covered concept names a cell or a document.
+    for concept, status, where in rows:
+        assert (status == "n/a" and len(where) > 20) or "`" in where, concept
+    # The summary at the top counts the rows below it, page by page.
+    for heading, body in re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", text, re.M | re.S):
+        sec = _coverage_rows(body)
+        if not sec:
+            continue
+        covered = sum(st == "covered" for _, st, _ in sec)
+        want = f"| {len(sec)} | {covered} | 0 | 0 | {len(sec) - covered} |"
+        summary = [ln for ln in text.splitlines() if ln.lower().startswith(f"| {heading.lower()}")]
+        assert summary and summary[0].endswith(want), (heading, summary, want)
+
+
 def test_prose_count_leaves_out_code():
     nb = nbformat.v4.new_notebook()
     nb.cells = [
