@@ -94,6 +94,21 @@ def test_malformed_events_are_dropped_and_counted_and_the_hub_keeps_going(hub):
     assert "dropped" in health.line() and "receiving" in health.line()
 
 
+def test_a_process_still_joining_is_never_shown_alive(hub):
+    """Its heartbeats can arrive before the kernel has seen it join the JAX world."""
+    sock = key_holder(hub)
+    try:
+        for r in (0, 1):
+            sock.send(beat(r))
+        wait_for(lambda: hub.received >= 2, what="first heartbeats")
+    finally:
+        sock.close()
+    states = {0: "ready", 1: "starting"}
+    assert [lv.state for lv in hub.liveness(states)] == ["alive", "restarting"]
+    assert [lv.state for lv in hub.liveness({0: "ready", 1: "ready"})] == ["alive", "alive"]
+    assert hub.liveness({0: "dead", 1: "restarting"})[0].state == "dead"
+
+
 def test_a_failure_while_applying_an_event_is_caught_and_counted(hub, monkeypatch):
     calls = {"n": 0}
     apply = hub._apply

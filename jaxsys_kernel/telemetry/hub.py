@@ -182,6 +182,10 @@ class TelemetryHub:
                 age = None if beat is None else max(0.0, now - beat["recv"])
                 if cluster_state in ("dead", "restarting"):
                     state = cluster_state
+                elif cluster_state == "starting":
+                    # Heartbeats start before the kernel has seen the process join: until
+                    # then it is not usable, whatever its (or its predecessor's) beats say.
+                    state = "restarting"
                 elif beat is None or not receiving:
                     state = "unknown"
                 elif age > LATE_AFTER_INTERVALS * self.interval:
