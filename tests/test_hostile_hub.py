@@ -66,12 +66,17 @@ def key_holder(hub: TelemetryHub) -> zmq.Socket:
     return sock
 
 
+def first_beats(hub: TelemetryHub, sock: zmq.Socket) -> None:
+    """One heartbeat from each of the two processes, received."""
+    for r in (0, 1):
+        sock.send(beat(r))
+    wait_for(lambda: hub.received >= 2, what="first heartbeats")
+
+
 def test_malformed_events_are_dropped_and_counted_and_the_hub_keeps_going(hub):
     sock = key_holder(hub)
     try:
-        for r in (0, 1):
-            sock.send(beat(r))
-        wait_for(lambda: hub.received >= 2, what="first heartbeats")
+        first_beats(hub, sock)
         for raw in MALFORMED:
             sock.send(raw)
         for r in (0, 1):
@@ -98,9 +103,7 @@ def test_a_process_still_joining_is_never_shown_alive(hub):
     """Its heartbeats can arrive before the kernel has seen it join the JAX world."""
     sock = key_holder(hub)
     try:
-        for r in (0, 1):
-            sock.send(beat(r))
-        wait_for(lambda: hub.received >= 2, what="first heartbeats")
+        first_beats(hub, sock)
     finally:
         sock.close()
     states = {0: "ready", 1: "starting"}
