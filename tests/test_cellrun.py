@@ -8,6 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 from ipyparallel import error as ipp_error
+from IPython.core.error import UsageError
 
 from jaxsys_kernel.cells import (
     CellMachine,
@@ -21,7 +22,7 @@ from jaxsys_kernel.cells import (
     render_errors,
 )
 from jaxsys_kernel.cells import report as rep
-from jaxsys_kernel.cells.guard import Ledger
+from jaxsys_kernel.cells.guard import Ledger, check_processes
 from jaxsys_kernel.cells.hang import HangPolicy
 from jaxsys_kernel.cells.run import DONE, INTERRUPT, JUDGE, WAIT
 from jaxsys_kernel.cells.send import Driver
@@ -778,6 +779,32 @@ def test_driver_ends_a_cell_that_completes():
 
 
 # -- the same-program guard ----------------------------------------------------------------------
+
+
+class _Processes:
+    """What check_processes reads of a cluster: its processes, after a refresh."""
+
+    def __init__(self, *processes):
+        from jaxsys_kernel.cluster.records import ProcessInfo
+
+        self.processes = [
+            ProcessInfo(rank=r, state=s, died=d) for r, (s, d) in enumerate(processes)
+        ]
+        self.ranks = list(range(len(processes)))
+
+    def refresh_states(self):
+        pass
+
+
+def test_a_cell_for_a_process_that_is_not_running_says_why():
+    cluster = _Processes(("ready", ""), ("dead", "its pid 41 is gone"), ("starting", ""))
+    check_processes(cluster, [0], still_running=())
+    with pytest.raises(UsageError) as e:
+        check_processes(cluster, [0, 1, 2], still_running=())
+    assert str(e.value) == (
+        "p1-2 are not running (p1 dead: its pid 41 is gone; p2 starting); run on the others "
+        "with --procs 0, or bring them back with %jaxsys restart"
+    )
 
 
 def test_same_program_guard():

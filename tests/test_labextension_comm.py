@@ -80,6 +80,11 @@ class CommClient:
         )
 
 
+def said(reply: dict) -> str:
+    """A reply in full on one line, for assertion messages (pytest shortens dicts)."""
+    return f"ok={reply.get('ok')} message={reply.get('message')!r} log={reply.get('log')}"
+
+
 @pytest.fixture(scope="module")
 def k(tag):
     kernel = Kernel(tag)
@@ -125,7 +130,7 @@ def test_start_from_the_comm_then_the_state_follows(k, client):
     k.ok("import os; os.environ.update(JAXSYS_HOSTS='2', JAXSYS_DEVICES_PER_HOST='1')")
     t0 = time.monotonic()
     reply = client.wait_reply(client.command("start"), timeout=180)
-    assert reply["ok"], reply
+    assert reply["ok"], said(reply)
     assert reply["message"].startswith("2 processes ready in")
     state = client.wait_state(
         lambda s: _cluster(s) and _cluster(s)["alive"] == 2, timeout=30, what="2 alive"
@@ -145,19 +150,19 @@ def test_state_is_pushed_while_a_cell_blocks_and_commands_run(k, client):
     t0 = time.monotonic()
     reply = client.wait_reply(client.command("kill", 1), timeout=20)
     took = time.monotonic() - t0
-    assert reply["ok"] and reply["message"].startswith("p1 killed"), reply
+    assert reply["ok"] and reply["message"].startswith("p1 killed"), said(reply)
     state = client.wait_state(lambda s: _cluster(s)["warning"], timeout=5, what="warning")
     assert _cluster(state)["alive"] == 1
     assert [p["state"] for p in _cluster(state)["processes"]] == ["alive", "dead"]
     assert not client.cell_idle(cell), "the kill waited for the cell"
 
     reply = client.wait_reply(client.command("restart", 1), timeout=120)
-    assert reply["ok"] and "p1 rejoined" in reply["message"], reply
+    assert reply["ok"] and "p1 rejoined" in reply["message"], said(reply)
     client.wait_state(
         lambda s: _cluster(s)["alive"] == 2 and not _cluster(s)["warning"], timeout=20, what="2/2"
     )
     reply = client.wait_reply(client.command("stacks", 0), timeout=20)
-    assert reply["ok"] and reply["message"].startswith("stacks of p0"), reply
+    assert reply["ok"] and reply["message"].startswith("stacks of p0"), said(reply)
     # The innermost frame of process 0: the cell's line 2, the sleep.
     assert any(" p0 " in line and "line 2" in line for line in reply["log"]), reply["log"]
     print("stacks:", reply["log"])
@@ -167,7 +172,7 @@ def test_state_is_pushed_while_a_cell_blocks_and_commands_run(k, client):
     # Stopping the cluster ends the blocked cell first.
     t0 = time.monotonic()
     reply = client.wait_reply(client.command("stop-cluster"), timeout=60)
-    assert reply["ok"] and reply["message"].startswith("cluster stopped"), reply
+    assert reply["ok"] and reply["message"].startswith("cluster stopped"), said(reply)
     assert reply["log"] == ["interrupted the running cell"]
     state = client.wait_state(lambda s: s["cluster"] is None, timeout=10, what="no cluster")
     deadline = time.monotonic() + 10

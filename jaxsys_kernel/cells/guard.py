@@ -38,8 +38,13 @@ def check_processes(cluster, ranks: Sequence[int], still_running: Collection[int
     if dead:
         live = [r for r in cluster.ranks if cluster.processes[r].state == "ready"]
         one = len(dead) == 1
+        why = "; ".join(
+            f"p{r} {cluster.processes[r].state}"
+            + (f": {cluster.processes[r].died}" if cluster.processes[r].died else "")
+            for r in dead
+        )
         raise UsageError(
-            f"{format_procs(dead)} {'is' if one else 'are'} not running; run on "
+            f"{format_procs(dead)} {'is' if one else 'are'} not running ({why}); run on "
             f"the others with --procs {format_procs(live)[1:] if live else '...'}, or bring "
             f"{'it' if one else 'them'} back with %jaxsys restart"
         )

@@ -372,8 +372,13 @@ class Cluster(AsyncFirst):
             return
         alive = set(self.client.ids)
         for p in self.processes:
-            if p.state == "ready" and (p.engine_id not in alive or self._launcher.process_gone(p)):
+            if p.state != "ready":
+                continue
+            if self._launcher.process_gone(p):
+                p.state, p.died = "dead", f"its pid {p.pid} is gone"
+            elif p.engine_id not in alive:
                 p.state = "dead"
+                p.died = f"ipyparallel's hub dropped its engine {p.engine_id} (missed heartbeats)"
 
     def kill_process(self, rank: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> float:
         """Send a signal to one process and, for fatal signals, wait until it is gone.
@@ -397,7 +402,9 @@ class Cluster(AsyncFirst):
         t0 = time.perf_counter()
         p = self.processes[rank]
         if p.state == "dead":
-            raise ClusterError(f"process {rank} is already dead")
+            raise ClusterError(
+                f"process {rank} is already dead" + (f": {p.died}" if p.died else "")
+            )
         self.interrupt([rank], sig=sig)
         if sig == signal.SIGINT:
             return time.perf_counter() - t0
@@ -410,7 +417,7 @@ class Cluster(AsyncFirst):
                     f"process {rank} (pid {p.pid}) is still alive {timeout:g} s after "
                     f"{signal.Signals(sig).name}; JAX processes ignore SIGTERM: use SIGKILL"
                 )
-        p.state = "dead"
+        p.state, p.died = "dead", f"killed with {signal.Signals(sig).name}"
         return time.perf_counter() - t0
 
     def interrupt(self, ranks: Sequence[int] | None = None, sig: int = signal.SIGINT) -> list[int]:

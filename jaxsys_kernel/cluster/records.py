@@ -51,11 +51,13 @@ class ProcessInfo:
     # (for %jaxsys start --explain); not part of the status rows.
     init_call: dict = field(default_factory=dict)
     init_settings: list = field(default_factory=list)
+    # How the kernel learnt that the process died (for error messages); "" while alive.
+    died: str = ""
 
     def to_dict(self) -> dict:
         """Return the fields as a plain, JSON-ready dict (without the initialisation record)."""
         d = asdict(self)
-        del d["init_call"], d["init_settings"]
+        del d["init_call"], d["init_settings"], d["died"]
         return d
 
     @classmethod
