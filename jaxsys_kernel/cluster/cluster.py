@@ -371,14 +371,11 @@ class Cluster(AsyncFirst):
         if self.client is None or self.state != "ready":
             return
         alive = set(self.client.ids)
-        for p in self.processes:
-            if p.state != "ready":
-                continue
+        for p in (p for p in self.processes if p.state == "ready"):
             if self._launcher.process_gone(p):
-                p.state, p.died = "dead", f"its pid {p.pid} is gone"
+                p.mark_dead(f"its pid {p.pid} is gone")
             elif p.engine_id not in alive:
-                p.state = "dead"
-                p.died = f"ipyparallel's hub dropped its engine {p.engine_id} (missed heartbeats)"
+                p.mark_dead(f"the hub dropped its engine {p.engine_id} (missed heartbeats)")
 
     def kill_process(self, rank: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> float:
         """Send a signal to one process and, for fatal signals, wait until it is gone.
@@ -417,7 +414,7 @@ class Cluster(AsyncFirst):
                     f"process {rank} (pid {p.pid}) is still alive {timeout:g} s after "
                     f"{signal.Signals(sig).name}; JAX processes ignore SIGTERM: use SIGKILL"
                 )
-        p.state, p.died = "dead", f"killed with {signal.Signals(sig).name}"
+        p.mark_dead(f"killed with {signal.Signals(sig).name}")
         return time.perf_counter() - t0
 
     def interrupt(self, ranks: Sequence[int] | None = None, sig: int = signal.SIGINT) -> list[int]:

@@ -54,6 +54,10 @@ class ProcessInfo:
     # How the kernel learnt that the process died (for error messages); "" while alive.
     died: str = ""
 
+    def mark_dead(self, how: str) -> None:
+        """Record the process as dead, and how the kernel learnt it."""
+        self.state, self.died = "dead", how
+
     def to_dict(self) -> dict:
         """Return the fields as a plain, JSON-ready dict (without the initialisation record)."""
         d = asdict(self)

@@ -164,7 +164,7 @@ def kill(cluster) -> float:
         remove_profile(cluster._profile)
         cluster._profile = None
     for p in cluster.processes:
-        p.state = "dead"
+        p.mark_dead("the cluster was torn down")
     cluster.pki = None
     if cluster.telemetry is not None:
         cluster.telemetry.close()
