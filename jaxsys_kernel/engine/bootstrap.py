@@ -11,6 +11,7 @@ import threading
 import time
 
 from .. import _compat, contract
+from . import ports
 
 # Launchers put the rank in different variables (see contract.RANK_VARIABLES).
 RANK_VARIABLES = contract.RANK_VARIABLES
@@ -166,11 +167,8 @@ def free_port(bind: str = "") -> int:
     """
     global _held_port
     _release_port()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind((bind, 0))
-    _held_port = s
-    return s.getsockname()[1]
+    _held_port = ports.hold_port(bind)
+    return _held_port.getsockname()[1]
 
 
 def _release_port() -> None:

@@ -13,6 +13,7 @@ import os
 import socket
 
 from .. import contract
+from . import ports
 
 OPTION = "jax_cross_host_transfer_socket_address"
 # The port configure() picked, kept bound for the life of the process: otherwise another
@@ -44,11 +45,7 @@ def configure(jax, coordinator_address: str, environ=None) -> str | None:
         return None
     host = transfer_host(coordinator_address)
     global _held
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind((host, 0))
-    _held = s
-    port = s.getsockname()[1]
-    address = f"{host}:{port}"
+    _held = ports.hold_port(host)
+    address = f"{host}:{_held.getsockname()[1]}"
     jax.config.update(OPTION, address)
     return address

@@ -80,25 +80,6 @@ def _xla_flags(devices: int) -> str:
     return " ".join(flags)
 
 
-def hold_port(host: str) -> socket.socket:
-    """A socket bound, not listening, to a free port on ``host``; the port is its own.
-
-    A port merely found free can be handed to someone else (another bind to port 0, or any
-    outgoing connection's local port) before the process meant to serve it binds it.
-    While this socket stays bound the kernel gives the port to nobody else, yet with
-    ``SO_REUSEPORT`` a server of the same user can still bind it: gRPC, and so JAX's
-    coordination service, sets that option on its listening sockets.
-    """
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        s.bind((host, 0))
-    except OSError:
-        s.close()
-        raise
-    return s
-
-
 def host_part(host: str) -> str:
     """``user@node7:2222`` -> ``node7``: what goes into a certificate."""
     return host.rpartition("@")[2].split(":")[0]
@@ -160,7 +141,7 @@ class Launcher:
         self.config = config
         self.ipp = None
         self.engine_sets: dict[int, str] = {}
-        # Ports held for a process that has yet to bind them (see hold_port).
+        # Ports held for a process that has yet to bind them (see engine/ports.py).
         self._held_ports: list[socket.socket] = []
 
     # -- the controller ------------------------------------------------------------------

@@ -7,10 +7,11 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ...engine.ports import hold_port
 from .. import stacks
 from ..profile import engine_file
 from ..teardown import pid_alive
-from .base import EngineContext, Launcher, hold_port, native_log_file, stack_file
+from .base import EngineContext, Launcher, native_log_file, stack_file
 
 if TYPE_CHECKING:
     from ..records import ProcessInfo
