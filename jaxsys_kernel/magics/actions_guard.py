@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
+from ..telemetry.schema import transfer_counts_text
 from .actions_args import seconds
 from .actions_cache import _ask
 
@@ -44,7 +45,7 @@ def format_guard(answers: dict[int, dict]) -> str:
     groups: dict[tuple, list[int]] = {}
     for r, a in sorted(answers.items()):
         levels = " ".join(f"{s}={a['levels'][s]}" for s in SHORT)
-        counted = ", ".join(f"{a['counts'][SHORT[s]]} {s}" for s in SHORT)
+        counted = transfer_counts_text(a["counts"])
         groups.setdefault((levels, counted), []).append(r)
     return "\n".join(
         f"[{format_procs(ranks)}] transfer guard {levels}; logged transfers: {counted}"
@@ -64,7 +65,7 @@ def transfer_notice(told: dict[int, dict], now: dict[int, dict]) -> list[str]:
     told.update(changed)
     groups: dict[str, list[int]] = {}
     for r, c in sorted(now.items()):
-        text = ", ".join(f"{c.get(kind, 0)} {s}" for s, kind in SHORT.items())
+        text = transfer_counts_text(c)
         groups.setdefault(text, []).append(r)
     body = "; ".join(f"[{format_procs(ranks)}] {text}" for text, ranks in groups.items())
     return [f"{time.strftime('%H:%M:%S')} transfers logged: {body}"]

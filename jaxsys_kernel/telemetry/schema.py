@@ -27,6 +27,14 @@ CACHE_MISS = "cache_miss"
 CACHE_KINDS = (CACHE_CONFIG, CACHE_COMPILE, CACHE_MISS)
 # Transfers the transfer guard logged on a process so far, by direction (engine/guards.py).
 TRANSFERS = "transfers"
+_DIRECTIONS = {"host-to-device": "h2d", "device-to-host": "d2h", "device-to-device": "d2d"}
+
+
+def transfer_counts_text(counts: dict[str, int]) -> str:
+    """``6 h2d, 0 d2h, 0 d2d``: one process's logged transfers, by direction."""
+    return ", ".join(f"{counts.get(kind, 0)} {short}" for kind, short in _DIRECTIONS.items())
+
+
 TRANSFER_KINDS = ("host-to-device", "device-to-host", "device-to-device")
 KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED, *CACHE_KINDS, TRANSFERS)
 

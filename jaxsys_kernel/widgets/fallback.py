@@ -14,6 +14,7 @@ from __future__ import annotations
 from html import escape
 
 from ..data.draw import format_ids, process_colour
+from ..telemetry.schema import transfer_counts_text
 
 # Largest SVG cell grid drawn; bigger meshes and layouts are summarised in text only.
 MAX_CELLS = 4096
@@ -251,12 +252,6 @@ def cache_text(stats: list[dict]) -> str:
 LIVE_COLUMNS = ["process", "state", "heartbeat age s", "busy", "devices", "incarnation"]
 # Shown once any process's transfer guard has logged a transfer.
 TRANSFER_COLUMN = "transfers logged"
-_DIRECTIONS = {"host-to-device": "h2d", "device-to-host": "d2h", "device-to-device": "d2d"}
-
-
-def transfer_counts_text(counts: dict[str, int]) -> str:
-    """``6 h2d, 0 d2h, 0 d2d``: a process's logged transfers, by direction."""
-    return ", ".join(f"{counts.get(kind, 0)} {short}" for kind, short in _DIRECTIONS.items())
 
 
 def _live_table(liveness: list[dict]) -> tuple[list[str], list[list]]:
