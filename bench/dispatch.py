@@ -151,7 +151,7 @@ def measure(n: int, reps: int, warmup: int) -> dict:
     result: dict = {"n": n, "devices_per_host": dph, "leftovers": leftovers, "tracked": 0}
     try:
         # The kernel's own stderr (warnings, tracebacks) goes to a file, shown on failure.
-        log = tempfile.TemporaryFile(mode="w+")
+        log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in the finally below
         km, kc = start_new_kernel(
             kernel_name="jaxsys", startup_timeout=KERNEL_START_TIMEOUT, stdout=log, stderr=log
         )

@@ -4,12 +4,16 @@ The kernel drives one ipyparallel engine per host; each engine is one JAX proces
 Nothing here imports JAX: the kernel is a driver, and the engines own the devices.
 """
 
+import importlib
+
 from ._version import __version__
+from .errors import JaxsysError
 
 __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterStartError",
+    "JaxsysError",
     "__version__",
     "live_devices",
     "load_exported",
@@ -110,7 +114,17 @@ def __getattr__(name):
         from . import export
 
         return getattr(export, name)
-    raise AttributeError(name)
+    if name in _SUBPACKAGES:
+        # Subpackages load on first use (``jaxsys_kernel.data.global_batch``), as after
+        # ``import jaxsys_kernel.data``.
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(
+        f"module 'jaxsys_kernel' has no attribute {name!r}; its public names are "
+        f"{', '.join(sorted(__all__))} and the subpackages {', '.join(_SUBPACKAGES)}"
+    )
+
+
+_SUBPACKAGES = ("data", "engine", "widgets", "cluster", "cells", "telemetry", "magics", "errors")
 
 
 def load_ipython_extension(ipython):

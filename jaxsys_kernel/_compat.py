@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .errors import JaxsysError
+
 # The releases this module was written and tested against (major, minor).
 IPYPARALLEL = (9, 2)
 IPYKERNEL = (7,)
 
 
-class IncompatibleVersion(RuntimeError):
+class IncompatibleVersion(JaxsysError, RuntimeError):
     """An installed dependency is not a version jaxsys supports."""
 
 

@@ -20,10 +20,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .errors import EngineError
+
 __all__ = ["ExportCallError", "LoadedExport", "check_call", "load_exported", "save_exported"]
 
 
-class ExportCallError(ValueError):
+class ExportCallError(EngineError, ValueError):
     """A call of an exported computation with shapes or devices it was not exported for."""
 
 

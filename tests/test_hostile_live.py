@@ -143,7 +143,8 @@ def test_the_controllers_public_key_alone_runs_code_on_every_engine(k):
         "_ipp = get_ipython()._jaxsys_session.cluster._ipp\n"
         "print(controller_file(_ipp.profile_dir, _ipp.cluster_id, 'client'))"
     ).stdout.strip()
-    info = json.loads(open(path).read())
+    with open(path) as fh:
+        info = json.load(fh)
     assert info["curve_serverkey"] and info["key"] == ""  # Curve on, signing off
     client = ipyparallel.Client(path, timeout=30)  # a key pair of its own
     try:

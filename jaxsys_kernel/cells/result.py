@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .._ranges import format_procs
 from ..contract import SUMMARY_MIME
+from ..errors import CellError
 from .sink import Sink
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -82,7 +83,7 @@ class CellRun:
         return [r for r in self.procs if self.results[r].status in FAILED]
 
 
-class MultihostError(Exception):
+class MultihostError(CellError):
     """One or more processes raised; tracebacks are grouped when identical.
 
     Attributes

@@ -23,6 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..errors import ConfigError
+
 TRUST_DOMAIN = "jaxsys.local"
 
 CA_CERT_NAME = "ca.pem"
@@ -41,7 +43,7 @@ _PROCESS_URI_RE = re.compile(r"^(?P<prefix>.+/)process/(?P<index>[0-9]+)$")
 DEFAULT_HOST = ("127.0.0.1", "localhost")
 
 
-class PKIError(RuntimeError):
+class PKIError(ConfigError, RuntimeError):
     """Certificates or key files are missing, unreadable, insecure or inconsistent."""
 
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..errors import ClusterError
 
-class ClusterError(RuntimeError):
-    """A cluster operation failed; the message names the processes involved."""
-
-    def _render_traceback_(self) -> list[str]:
-        # In a notebook the message is the whole story; the driver's frames are noise.
-        return [f"{type(self).__name__}: {self}"]
+__all__ = ["ClusterError", "ClusterStartError", "ProcessInfo", "ProgressEvent"]
 
 
 class ClusterStartError(ClusterError):

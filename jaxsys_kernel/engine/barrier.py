@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import time
 
+from ..errors import EngineError
+
 KEY_PREFIX = "jaxsys/barrier"
 # The longest a wait for one missing process's key lasts before the directory is read again
 # (so arrivals of others are noticed too); not a sleep: the wait ends when the key appears.
 WATCH_MS = 200
 
 
-class BarrierTimeout(TimeoutError):
+class BarrierTimeout(EngineError, TimeoutError):
     """Some processes did not reach the barrier in time; ``missing`` names them."""
 
     def __init__(self, message: str, arrived: list[int], missing: list[int]):

@@ -22,6 +22,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from ..errors import EngineError
+
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 # Short direction names, JAX's names for them in its messages, and its config options.
 DIRECTIONS = {
@@ -56,11 +58,11 @@ WHY_THREADS = (
 )
 
 
-class TransferGuardError(RuntimeError):
+class TransferGuardError(EngineError):
     """A transfer the transfer guard disallows, named by kind, shape, dtype and devices."""
 
 
-class ThreadGuardError(RuntimeError):
+class ThreadGuardError(EngineError):
     """A multi-process JAX operation from a thread other than the one that set the guard."""
 
 

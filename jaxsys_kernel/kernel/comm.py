@@ -33,6 +33,7 @@ from IPython.core.error import UsageError
 
 from .. import _compat
 from .._version import __version__
+from ..errors import ProtocolError
 
 TARGET = "jaxsys"
 SCHEMA_VERSION = 1
@@ -55,7 +56,7 @@ STOP_WAIT = 30.0
 WARNING_STATES = ("dead", "stuck")
 
 
-class CommandError(ValueError):
+class CommandError(ProtocolError):
     """A command message that names no known action or process."""
 
 

@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..errors import ProtocolError
+
 SCHEMA_VERSION = 1
 
 # Event kinds sent by an engine's agent (see engine/agent.py).
@@ -68,7 +70,7 @@ def event(kind: str, rank: int, incarnation: int, t: float, **payload) -> dict:
     return {"v": SCHEMA_VERSION, "kind": kind, "rank": rank, "inc": incarnation, "t": t, **payload}
 
 
-class Malformed(ValueError):
+class Malformed(ProtocolError):
     """An event the kernel does not take; ``reason`` is the short name it is counted under."""
 
     def __init__(self, reason: str, detail: str = ""):
