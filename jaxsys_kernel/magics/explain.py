@@ -18,8 +18,8 @@ OPTION_NOTES = {
         False: "fate-sharing: when one process dies the others are stopped too",
     },
     "jax_distributed_verify_secure_credentials": {
-        True: "an incomplete mTLS set-up is a hard error, never an insecure fallback",
-        False: "no check that the mTLS set-up is complete",
+        True: "abort if no mTLS option is set, rather than connect in plaintext",
+        False: "with no mTLS option set, the coordination service runs in plaintext",
     },
 }
 
