@@ -14,9 +14,21 @@ from pathlib import Path
 
 from . import contract
 from ._version import __version__
+from .cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
+from .cluster.launchers import launcher_names
 from .cluster.teardown import pid_alive
 
 STATE_DIR = Path(os.environ.get(contract.STATE_DIR, Path.home() / ".jaxsys" / "clusters"))
+
+
+def _hosts(text: str) -> int | list[str]:
+    """``--hosts``: a number of processes, or host names separated by commas."""
+    if text.isdigit():
+        return int(text)
+    names = [h for h in text.split(",") if h]
+    if not names:
+        raise argparse.ArgumentTypeError(f"give a number or host1,host2,...; got {text!r}")
+    return names
 
 
 def _state_file(name: str) -> Path:
@@ -134,12 +146,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _serve_cluster(args: argparse.Namespace) -> int:
     """Own a cluster in this process until SIGTERM or SIGINT, publishing its state."""
     from .cluster import Cluster
-    from .cluster.profile import controller_file
 
     state_file = _state_file(args.name)
     state_file.parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(
-        hosts=args.hosts, devices_per_host=args.devices_per_host, cache_dir=args.cache_dir
+        hosts=args.hosts,
+        devices_per_host=args.devices_per_host,
+        launcher=args.launcher,
+        cache_dir=args.cache_dir,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -151,9 +165,7 @@ def _serve_cluster(args: argparse.Namespace) -> int:
         state.update(
             state="ready",
             coordinator=cluster.coordinator_address,
-            connection_file=str(
-                controller_file(cluster._ipp.profile_dir, cluster._ipp.cluster_id, "client")
-            ),
+            connection_file=str(cluster.connection_file),
             processes=cluster.status(),
             ready_seconds=cluster.ready_seconds,
         )
@@ -210,7 +222,9 @@ def _start_background(args: argparse.Namespace, state_file: Path) -> int:
         "--name",
         args.name,
         "--hosts",
-        str(args.hosts),
+        str(args.hosts) if isinstance(args.hosts, int) else ",".join(args.hosts),
+        "--launcher",
+        args.launcher,
         "--devices-per-host",
         str(args.devices_per_host),
     ]
@@ -303,7 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     cl = sub.add_parser("cluster", help="a background cluster for scripts")
     cl.add_argument("action", choices=("start", "stop", "status"))
     cl.add_argument("--name", default="default")
-    cl.add_argument("--hosts", type=int, default=4)
+    cl.add_argument("--hosts", type=_hosts, default=4, help="a count, or host1,host2,...")
+    cl.add_argument(
+        "--launcher",
+        choices=launcher_names(),
+        default=DEFAULT_LAUNCHER,
+        help=f"how processes are started (default {DEFAULT_LAUNCHER})",
+    )
     cl.add_argument("--devices-per-host", type=int, default=2)
     cl.add_argument("--cache-dir", default=None)
     cl.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for start")

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import contract
-from .launchers import LAUNCHER_CLASSES, LAUNCHERS
+from .launchers import DEFAULT, launcher_class
+from .launchers.registry import describe, names_where
 
 # Why jaxsys_kernel refuses JAX's share flag on CPU (measured; docs/compilation-cache.md).
 SHARE_FLAG = "JAX_SHARE_BINARY_BETWEEN_HOSTS"
@@ -36,7 +37,7 @@ class ClusterConfig:
 
     hosts: int | Sequence[str] = 4
     devices_per_host: int = 2
-    launcher: str = "local"
+    launcher: str = DEFAULT
     cache_dir: str | None = None
     register_timeout: float = 60.0
     init_timeout: float = 60.0
@@ -54,12 +55,10 @@ class ClusterConfig:
     launcher_options: Mapping[str, Any] | None = None
     nprocs: int = field(init=False)
     host_names: list[str] | None = field(init=False)
+    kind: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.launcher not in LAUNCHERS:
-            raise ValueError(
-                f"unknown launcher {self.launcher!r}; choose one of {', '.join(LAUNCHERS)}"
-            )
+        self.kind = launcher_class(self.launcher)
         self._check_hosts()
         if self.devices_per_host < 1:
             raise ValueError(f"devices_per_host must be at least 1, got {self.devices_per_host}")
@@ -85,8 +84,10 @@ class ClusterConfig:
             if not self.host_names:
                 raise ValueError("hosts is an empty list; give at least one host name")
             self.nprocs = len(self.host_names)
-        if LAUNCHER_CLASSES[self.launcher].needs_host_names and self.host_names is None:
-            raise ValueError("the ssh launcher needs host names: hosts=['node1', 'node2', ...]")
+        if self.kind.needs_host_names and self.host_names is None:
+            raise ValueError(
+                f"the {self.launcher} launcher needs host names: hosts=['node1', 'node2', ...]"
+            )
 
     def _resolve_cache(self) -> None:
         """One cache directory per cluster: the one given, the user's, or a default."""
@@ -102,9 +103,7 @@ class ClusterConfig:
         for rank in self.ranks:
             env = self.user_env(rank)
             share = env.get(SHARE_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
-            platforms = (
-                env.get("JAX_PLATFORMS") or LAUNCHER_CLASSES[self.launcher].default_platforms
-            )
+            platforms = env.get("JAX_PLATFORMS") or self.kind.default_platforms
             if share and platforms.split(",")[0].strip() == "cpu":
                 raise ValueError(SHARE_REFUSED)
 
@@ -115,9 +114,9 @@ class ClusterConfig:
             raise ValueError("ca_file/cert_dir make no sense with secure=False")
 
     def _check_placement(self) -> None:
-        places = LAUNCHER_CLASSES[self.launcher].places_processes
-        if (self.addresses is not None or self.process_prefix) and not places:
-            raise ValueError("addresses and process_prefix apply to the local launcher only")
+        if (self.addresses is not None or self.process_prefix) and not self.kind.places_processes:
+            where = describe(names_where(lambda k: k.places_processes))
+            raise ValueError(f"addresses and process_prefix apply to {where} only")
         if self.addresses is not None and len(self.addresses) != self.nprocs:
             raise ValueError(
                 f"addresses has {len(self.addresses)} entries for {self.nprocs} processes"
@@ -127,12 +126,13 @@ class ClusterConfig:
         )
 
     def _check_launcher_options(self) -> None:
-        kind = LAUNCHER_CLASSES[self.launcher]
+        kind = self.kind
         if self.launcher_options and not kind.takes_options:
-            raise ValueError("launcher_options apply to the ssh, mpi and slurm launchers")
+            where = describe(names_where(lambda k: k.takes_options), "and")
+            raise ValueError(f"launcher_options apply to {where}")
         self.launcher_options = dict(self.launcher_options or {})
         if self.launcher_options:
-            check_launcher_options(self.launcher, self.launcher_options)
+            kind.check_options(self.launcher_options)
         self.launcher_options = {**kind.default_options(), **self.launcher_options}
 
     @property
@@ -178,22 +178,11 @@ def default_cache_dir() -> str:
 
 
 def check_launcher_options(launcher: str, options: Mapping[str, Any]) -> None:
-    """Refuse names the launcher does not have: traitlets would ignore them silently.
+    """Refuse option names the launcher does not have (see ``Launcher.check_options``).
 
     Raises
     ------
     ValueError
         Naming the unknown settings and listing the known ones.
     """
-    # Imported here: ipyparallel's launchers take a while to import and only this check
-    # needs them before a cluster starts.
-    from ipyparallel.cluster.launcher import find_launcher_class
-
-    cls = find_launcher_class(launcher, "engine")
-    known = set(cls.class_trait_names(config=True))
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(
-            f"launcher_options: {', '.join(unknown)} is not a setting of ipyparallel's "
-            f"{cls.__name__}; it has {', '.join(sorted(known))}"
-        )
+    launcher_class(launcher).check_options(options)

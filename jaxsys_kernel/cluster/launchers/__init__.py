@@ -5,8 +5,6 @@ Nothing else in the package asks which kind a cluster uses: it asks its launcher
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from .base import (
     HEARTBEAT_MISSES,
     HEARTBEAT_PERIOD_MS,
@@ -18,13 +16,23 @@ from .base import (
     stack_file,
 )
 from .local import LocalLauncher
-from .remote import SSH_HEARTBEAT_MISSES, MpiLauncher, SlurmLauncher, SshLauncher
+from .mpi import MpiLauncher
+from .registry import (
+    DEFAULT,
+    ENTRY_POINT_GROUP,
+    UnknownLauncherError,
+    launcher_class,
+    launcher_classes,
+    launcher_names,
+)
+from .remote import SSH_HEARTBEAT_MISSES, SshLauncher
+from .slurm import SlurmLauncher
 
 __all__ = [
+    "DEFAULT",
+    "ENTRY_POINT_GROUP",
     "HEARTBEAT_MISSES",
     "HEARTBEAT_PERIOD_MS",
-    "LAUNCHERS",
-    "LAUNCHER_CLASSES",
     "SSH_HEARTBEAT_MISSES",
     "EngineContext",
     "Launcher",
@@ -32,7 +40,11 @@ __all__ = [
     "MpiLauncher",
     "SlurmLauncher",
     "SshLauncher",
+    "UnknownLauncherError",
     "host_part",
+    "launcher_class",
+    "launcher_classes",
+    "launcher_names",
     "listen_addresses",
     "make_launcher",
     "native_log_file",
@@ -40,15 +52,10 @@ __all__ = [
     "telemetry_addresses",
 ]
 
-LAUNCHER_CLASSES: Mapping[str, type[Launcher]] = {
-    cls.name: cls for cls in (LocalLauncher, SshLauncher, MpiLauncher, SlurmLauncher)
-}
-LAUNCHERS = tuple(LAUNCHER_CLASSES)
-
 
 def make_launcher(config) -> Launcher:
     """The launcher a validated :class:`~jaxsys_kernel.cluster.config.ClusterConfig` asks for."""
-    return LAUNCHER_CLASSES[config.launcher](config)
+    return launcher_class(config.launcher)(config)
 
 
 def telemetry_addresses(launcher: str, controller_ip: str | None) -> tuple[str, str]:
@@ -62,4 +69,4 @@ def telemetry_addresses(launcher: str, controller_ip: str | None) -> tuple[str, 
     controller_ip : str or None
         The ``controller_ip`` the cluster was given.
     """
-    return listen_addresses(LAUNCHER_CLASSES[launcher].loopback_only, controller_ip)
+    return listen_addresses(launcher_class(launcher).loopback_only, controller_ip)

@@ -176,7 +176,7 @@ class Launcher:
         # Remote engines must reach the controller; see docs/architecture.md.
         return {
             "controller_ip": self.config.controller_ip or "*",
-            "engine_launcher_class": self.name,
+            "engine_launcher_class": self.ipp_launcher or self.name,
         }
 
     def telemetry_addresses(self) -> tuple[str, str]:
@@ -188,6 +188,37 @@ class Launcher:
     def default_options(cls) -> dict[str, Any]:
         """``launcher_options`` that apply when the user does not give them."""
         return {}
+
+    #: The ipyparallel engine launcher that starts this kind's engines (by its name).
+    ipp_launcher: ClassVar[str | None] = None
+
+    @classmethod
+    def option_names(cls) -> tuple[str, set[str]]:
+        """What ``launcher_options`` may name, and whose settings they are: by default
+        those of ipyparallel's engine launcher."""
+        # Imported here: ipyparallel's launchers take a while to import and only this
+        # check needs them before a cluster starts.
+        from ipyparallel.cluster.launcher import find_launcher_class
+
+        ipp_cls = find_launcher_class(cls.ipp_launcher or cls.name, "engine")
+        return f"ipyparallel's {ipp_cls.__name__}", set(ipp_cls.class_trait_names(config=True))
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        """Refuse names this launcher does not have: traitlets would ignore them silently.
+
+        Raises
+        ------
+        ValueError
+            Naming the unknown settings and listing the known ones.
+        """
+        owner, known = cls.option_names()
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(
+                f"launcher_options: {', '.join(unknown)} is not a setting of {owner}; "
+                f"it has {', '.join(sorted(known))}"
+            )
 
     # -- the coordinator and certificates ---------------------------------------------------
 

@@ -1,5 +1,4 @@
-"""Launchers for other hosts: ssh (one engine set per host, launched in parallel) and the
-batch systems MPI and Slurm (every rank in one job)."""
+"""The ssh launcher: one engine set per named host, launched in parallel."""
 
 from __future__ import annotations
 
@@ -132,15 +131,3 @@ class SshLauncher(Launcher):
         # engine gone it returns, and it must, before its host may go away under it.
         for sub in launchers:
             _compat.release_ssh_waiter(sub, deadline - time.monotonic())
-
-
-class MpiLauncher(Launcher):
-    """Every rank in one ``mpiexec`` job; ranks come from MPI's environment."""
-
-    name = "mpi"
-
-
-class SlurmLauncher(Launcher):
-    """Every rank in one Slurm job; ranks come from Slurm's environment."""
-
-    name = "slurm"
