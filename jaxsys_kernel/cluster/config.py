@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import contract
+from ..errors import ConfigError
 from .launchers import DEFAULT, launcher_class
 from .launchers.registry import describe, names_where
 
@@ -61,12 +62,12 @@ class ClusterConfig:
         self.kind = launcher_class(self.launcher)
         self._check_hosts()
         if self.devices_per_host < 1:
-            raise ValueError(f"devices_per_host must be at least 1, got {self.devices_per_host}")
+            raise ConfigError(f"devices_per_host must be at least 1, got {self.devices_per_host}")
         self.env = dict(self.env or {})
         self.process_env = {int(k): dict(v) for k, v in (self.process_env or {}).items()}
         for rank in self.process_env:
             if not 0 <= rank < self.nprocs:
-                raise ValueError(f"process_env names process {rank}, outside 0-{self.nprocs - 1}")
+                raise ConfigError(f"process_env names process {rank}, outside 0-{self.nprocs - 1}")
         self._check_certificates()
         self._resolve_cache()
         self._check_placement()
@@ -76,16 +77,16 @@ class ClusterConfig:
     def _check_hosts(self) -> None:
         if isinstance(self.hosts, int):
             if self.hosts < 1:
-                raise ValueError(f"hosts must be at least 1, got {self.hosts}")
+                raise ConfigError(f"hosts must be at least 1, got {self.hosts}")
             self.host_names = None
             self.nprocs = self.hosts
         else:
             self.host_names = list(self.hosts)
             if not self.host_names:
-                raise ValueError("hosts is an empty list; give at least one host name")
+                raise ConfigError("hosts is an empty list; give at least one host name")
             self.nprocs = len(self.host_names)
         if self.kind.needs_host_names and self.host_names is None:
-            raise ValueError(
+            raise ConfigError(
                 f"the {self.launcher} launcher needs host names: hosts=['node1', 'node2', ...]"
             )
 
@@ -105,20 +106,20 @@ class ClusterConfig:
             share = env.get(SHARE_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
             platforms = env.get("JAX_PLATFORMS") or self.kind.default_platforms
             if share and platforms.split(",")[0].strip() == "cpu":
-                raise ValueError(SHARE_REFUSED)
+                raise ConfigError(SHARE_REFUSED)
 
     def _check_certificates(self) -> None:
         if (self.ca_file is None) != (self.cert_dir is None):
-            raise ValueError("give both ca_file and cert_dir to bring your own certificates")
+            raise ConfigError("give both ca_file and cert_dir to bring your own certificates")
         if not self.secure and self.ca_file is not None:
-            raise ValueError("ca_file/cert_dir make no sense with secure=False")
+            raise ConfigError("ca_file/cert_dir make no sense with secure=False")
 
     def _check_placement(self) -> None:
         if (self.addresses is not None or self.process_prefix) and not self.kind.places_processes:
             where = describe(names_where(lambda k: k.places_processes))
-            raise ValueError(f"addresses and process_prefix apply to {where} only")
+            raise ConfigError(f"addresses and process_prefix apply to {where} only")
         if self.addresses is not None and len(self.addresses) != self.nprocs:
-            raise ValueError(
+            raise ConfigError(
                 f"addresses has {len(self.addresses)} entries for {self.nprocs} processes"
             )
         self.addresses = (
@@ -129,7 +130,7 @@ class ClusterConfig:
         kind = self.kind
         if self.launcher_options and not kind.takes_options:
             where = describe(names_where(lambda k: k.takes_options), "and")
-            raise ValueError(f"launcher_options apply to {where}")
+            raise ConfigError(f"launcher_options apply to {where}")
         self.launcher_options = dict(self.launcher_options or {})
         if self.launcher_options:
             kind.check_options(self.launcher_options)
