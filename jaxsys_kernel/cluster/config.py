@@ -32,7 +32,7 @@ class ClusterConfig:
 
     Raises
     ------
-    ValueError
+    ConfigError
         For any option that cannot work, with what to give instead.
     """
 
@@ -183,7 +183,7 @@ def check_launcher_options(launcher: str, options: Mapping[str, Any]) -> None:
 
     Raises
     ------
-    ValueError
+    ConfigError
         Naming the unknown settings and listing the known ones.
     """
     launcher_class(launcher).check_options(options)
