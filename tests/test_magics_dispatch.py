@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
+from jaxsys_kernel.cluster.calls import EngineCalls
 from jaxsys_kernel.engine import output
 from jaxsys_kernel.magics import actions, register_magics
 from jaxsys_kernel.magics.actions_args import MAX_LINE, seconds
@@ -502,25 +503,36 @@ class FakeEngine:
     def __init__(self, answer, calls):
         self.answer, self.calls = answer, calls
 
-    def apply_async(self, fn, *args):
+    def apply_async(self, fn, *args, **kwargs):
         self.calls.append((fn, args))
         return FakeResult(self.answer)
 
 
+class FakeLogCluster(EngineCalls):
+    """Processes whose engines answer at once; ``call`` is the real one."""
+
+    def __init__(self, answer, states):
+        self.calls: list = []
+        self.processes = [
+            SimpleNamespace(rank=r, state=s, engine_id=None if s != "ready" else 10 + r)
+            for r, s in enumerate(states)
+        ]
+        self.nprocs = len(states)
+        self.ranks = list(range(len(states)))
+        self.client = {10 + r: FakeEngine(answer, self.calls) for r in range(len(states))}
+
+    def refresh_states(self):
+        pass
+
+    def _require_ready(self):
+        pass
+
+    def _check_rank(self, rank):
+        assert 0 <= rank < self.nprocs
+
+
 def fake_cluster(answer="gloo: connected\nabsl: INFO noise\n", states=("ready", "ready")):
-    calls: list = []
-    processes = [
-        SimpleNamespace(rank=r, state=s, engine_id=None if s != "ready" else 10 + r)
-        for r, s in enumerate(states)
-    ]
-    return SimpleNamespace(
-        nprocs=len(states),
-        ranks=list(range(len(states))),
-        processes=processes,
-        refresh_states=lambda: None,
-        client={10 + r: FakeEngine(answer, calls) for r in range(len(states))},
-        calls=calls,
-    )
+    return FakeLogCluster(answer, states)
 
 
 @pytest.fixture

@@ -355,8 +355,8 @@ def audit(cluster) -> list[Endpoint]:
     """
     from ..engine import probes
 
-    cluster._require_ready()
-    reports = cluster.view.apply_sync(probes.network_endpoints)
+    # Rank order: the reports are read by position.
+    reports = list(cluster.call(None, probes.network_endpoints, timeout=30.0).values().values())
     out = [_coordinator_endpoint(cluster)]
     procs = {p.rank: p for p in cluster.processes}
     out[0].pid = getattr(procs.get(0), "pid", None)

@@ -1,7 +1,8 @@
 """Bringing engines up: wait for them to register, learn which rank each serves, and
 initialise JAX everywhere, each with a deadline, explaining per process what went wrong.
 
-The functions work on a :class:`~jaxsys_kernel.cluster.Cluster` being started or restarted.
+The functions receive the :class:`~jaxsys_kernel.cluster.world.World` being started or
+restarted and change only it.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def _short_error(exc: BaseException) -> str:
 # -- what went wrong ----------------------------------------------------------------------
 
 
-def launcher_failure(cluster, rank: int) -> str | None:
+def launcher_failure(world, rank: int) -> str | None:
     """Why the launcher of ``rank`` is no longer running, or None if it is."""
-    es = cluster._launcher.engine_set(rank)
+    es = world.launcher.engine_set(rank)
     if es is None:
         return None
     for sub in sub_launchers(es):
@@ -63,9 +64,9 @@ def launcher_failure(cluster, rank: int) -> str | None:
     return None
 
 
-def controller_failure(cluster) -> str | None:
+def controller_failure(world) -> str | None:
     """Why the ipyparallel controller is no longer running, or None if it is."""
-    ipp = cluster._ipp
+    ipp = world.ipp
     ctl = ipp.controller if ipp is not None else None
     if ctl is not None and getattr(ctl, "state", "") == "after":
         return f"the ipyparallel controller exited early; its output ends with:\n{output_tail(ctl)}"
@@ -75,26 +76,26 @@ def controller_failure(cluster) -> str | None:
 # -- the controller and its companions ---------------------------------------------------------
 
 
-async def start_services(cluster) -> None:
+async def start_services(world) -> None:
     """The profile, ipyparallel's cluster, certificates, telemetry and the controller."""
-    cluster._profile = make_profile()
-    launcher = cluster._launcher
-    ipp = launcher.make_ipp_cluster(cluster._profile, cluster.secure)
-    if cluster.secure:
-        cluster.pki = security.make_pki(
-            cluster._profile,
+    world.profile = make_profile()
+    launcher = world.launcher
+    ipp = launcher.make_ipp_cluster(world.profile, world.config.secure)
+    if world.config.secure:
+        world.pki = security.make_pki(
+            world.profile,
             ipp.cluster_id,
-            cluster.nprocs,
+            world.config.nprocs,
             launcher.certificate_hosts(),
-            cluster.ca_file,
-            cluster.cert_dir,
+            world.config.ca_file,
+            world.config.cert_dir,
         )
-    if cluster.telemetry_enabled:
+    if world.config.telemetry:
         from ..telemetry.hub import TelemetryHub
 
         bind, advertise = launcher.telemetry_addresses()
-        cluster.telemetry = TelemetryHub(
-            cluster.nprocs, bind=bind, curve=cluster.secure, advertise=advertise
+        world.telemetry = TelemetryHub(
+            world.config.nprocs, bind=bind, curve=world.config.secure, advertise=advertise
         )
     await ipp.start_controller()
 
@@ -102,28 +103,28 @@ async def start_services(cluster) -> None:
 # -- registration ------------------------------------------------------------------------
 
 
-async def publish_engine_file(cluster, deadline: float) -> None:
+async def publish_engine_file(world, deadline: float) -> None:
     """Copy the controller's engine connection file once it is complete.
 
     The controller creates that file empty and fills it afterwards, so an engine that only
     waits for it to exist can read nothing. Engines wait for this copy instead, which
     appears atomically.
     """
-    ipp = cluster._ipp
+    ipp = world.ipp
     src = controller_file(ipp.profile_dir, ipp.cluster_id, "engine")
-    dst = engine_file(cluster._profile)
+    dst = engine_file(world.profile)
     while True:
         try:
             text = src.read_text()
             json.loads(text)
             break
         except (OSError, ValueError):
-            problem = controller_failure(cluster)
+            problem = controller_failure(world)
             if problem:
                 raise ClusterStartError(problem) from None
             if time.monotonic() > deadline:
                 raise ClusterStartError(
-                    f"the controller did not write {src} within {cluster.register_timeout:g} s"
+                    f"the controller did not write {src} within {world.config.register_timeout:g} s"
                 ) from None
             await asyncio.sleep(0.02)
     tmp = dst.with_suffix(".tmp")
@@ -132,54 +133,54 @@ async def publish_engine_file(cluster, deadline: float) -> None:
     os.replace(tmp, dst)
 
 
-def engine_uuids(cluster) -> set[str]:
+def engine_uuids(world) -> set[str]:
     """The uuids of every engine the hub knows now."""
-    return set(_compat.engine_uuids(cluster.client).values())
+    return set(_compat.engine_uuids(world.client).values())
 
 
-def _registration_problem(cluster) -> str | None:
-    problem = controller_failure(cluster)
+def _registration_problem(world) -> str | None:
+    problem = controller_failure(world)
     if problem:
         return problem
-    failed = {r: msg for r in cluster.ranks if (msg := launcher_failure(cluster, r))}
+    failed = {r: msg for r in world.ranks if (msg := launcher_failure(world, r))}
     if failed:
         return "\n".join(f"process {r} {msg}" for r, msg in sorted(failed.items()))
     return None
 
 
 async def wait_registered(
-    cluster, deadline: float, exclude: set[str], n: int | None = None
+    world, deadline: float, exclude: set[str], n: int | None = None
 ) -> list[int]:
     """Wait for ``n`` (all) engines whose uuids are not in ``exclude``; return their ids."""
-    n = cluster.nprocs if n is None else n
+    n = world.config.nprocs if n is None else n
     last = -1
     while True:
         # A restarted rank may get its old engine id back; only the uuid is new.
         new = sorted(
-            eid for eid, uuid in _compat.engine_uuids(cluster.client).items() if uuid not in exclude
+            eid for eid, uuid in _compat.engine_uuids(world.client).items() if uuid not in exclude
         )
         k = len(new)
         if k != last:
-            cluster._report("engines registered", min(k, n), n)
+            world.report("engines registered", min(k, n), n)
             last = k
         if k >= n:
             return new[:n]
-        problem = _registration_problem(cluster)
+        problem = _registration_problem(world)
         if problem:
             raise ClusterStartError(problem)
         if time.monotonic() > deadline:
             raise ClusterStartError(
-                f"only {k} of {n} engines registered within {cluster.register_timeout:g} s; "
-                f"the engine logs are in {cluster._profile}/log"
+                f"only {k} of {n} engines registered within {world.config.register_timeout:g} s; "
+                f"the engine logs are in {world.profile}/log"
             )
         await asyncio.sleep(_POLL_S)
 
 
 async def identify(
-    cluster, engine_ids: list[int], expected: Sequence[int] | None = None
+    world, engine_ids: list[int], expected: Sequence[int] | None = None
 ) -> dict[int, dict]:
     """Ask the engines which rank each serves; returns their descriptions by rank."""
-    ar = cluster.client[engine_ids].apply_async(bootstrap.describe_process)
+    ar = world.client[engine_ids].apply_async(bootstrap.describe_process)
     infos = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=IDENTIFY_TIMEOUT_S)
     by_rank: dict[int, dict] = {}
     for eid, info in zip(engine_ids, infos, strict=True):
@@ -190,7 +191,7 @@ async def identify(
                 f"{by_rank[info['rank']]['engine_id']} and {eid}"
             )
         by_rank[info["rank"]] = info
-    missing = sorted(set(cluster.ranks if expected is None else expected) - set(by_rank))
+    missing = sorted(set(world.ranks if expected is None else expected) - set(by_rank))
     if missing:
         raise ClusterStartError(f"no engine reported rank(s) {missing}")
     return by_rank
@@ -199,22 +200,22 @@ async def identify(
 # -- JAX initialisation ---------------------------------------------------------------------
 
 
-def _coordinator(cluster, ranks: Sequence[int]) -> str | None:
-    """Set ``cluster.coordinator_address``; return where process 0 binds it (None: it runs)."""
-    if cluster._early_coordinator:
-        cluster.coordinator_address = cluster._early_coordinator
-        return cluster._early_coordinator
-    if 0 not in ranks and cluster.coordinator_address:
+def _coordinator(world, ranks: Sequence[int]) -> str | None:
+    """Set ``world.coordinator_address``; return where process 0 binds it (None: it runs)."""
+    if world.early_coordinator:
+        world.coordinator_address = world.early_coordinator
+        return world.early_coordinator
+    if 0 not in ranks and world.coordinator_address:
         # A process rejoining the running world: same coordinator, nothing to bind.
         return None
-    p0 = cluster.processes[0]
-    port = cluster.client[p0.engine_id].apply_sync(bootstrap.free_port)
-    host0 = cluster._launcher.coordinator_host(p0.address)
-    cluster.coordinator_address = f"{host0}:{port}"
+    p0 = world.processes[0]
+    port = world.client[p0.engine_id].apply_sync(bootstrap.free_port)
+    host0 = world.launcher.coordinator_host(p0.address)
+    world.coordinator_address = f"{host0}:{port}"
     return f"[::]:{port}"
 
 
-def _init_failure(cluster, ars: dict, ranks: Sequence[int], deadline_s: float, since):
+def _init_failure(world, ars: dict, ranks: Sequence[int], deadline_s: float, since):
     """The error naming what each process did when initialisation failed or timed out."""
     errors = {r: ar.exception() for r, ar in ars.items() if ar.done() and ar.exception()}
     lines = []
@@ -224,33 +225,33 @@ def _init_failure(cluster, ars: dict, ranks: Sequence[int], deadline_s: float, s
         elif ars[r].done():
             lines.append(f"process {r} initialised")
         else:
-            why = launcher_failure(cluster, r)
+            why = launcher_failure(world, r)
             lines.append(f"process {r} {why}" if why else f"process {r} did not finish joining")
     head = (
         "jax.distributed.initialize failed"
         if errors
         else f"jax.distributed.initialize did not complete within {deadline_s:g} s"
     )
-    lines.extend(security.refusals_since(cluster.refusal_records(), since))
+    lines.extend(security.refusals_since(world.refusal_records(), since))
     return ClusterStartError(head + ":\n" + "\n".join(lines))
 
 
-async def init_jax(cluster, deadline_s: float, ranks: Sequence[int] | None = None):
+async def init_jax(world, deadline_s: float, ranks: Sequence[int] | None = None):
     """Run ``jax.distributed.initialize`` on ``ranks`` (all) and wait, at most
     ``deadline_s``, for every one of them; record their devices."""
-    ranks = cluster.ranks if ranks is None else list(ranks)
-    bind = _coordinator(cluster, ranks)
+    ranks = world.ranks if ranks is None else list(ranks)
+    bind = _coordinator(world, ranks)
     ars = {
-        p.rank: cluster.client[p.engine_id].apply_async(
+        p.rank: world.client[p.engine_id].apply_async(
             bootstrap.initialize,
-            cluster.coordinator_address,
-            cluster.nprocs,
+            world.coordinator_address,
+            world.config.nprocs,
             p.rank,
             bind_address=bind,
-            timeout=cluster.init_timeout,
-            heartbeat_timeout=cluster.heartbeat_timeout,
+            timeout=world.config.init_timeout,
+            heartbeat_timeout=world.config.heartbeat_timeout,
         )
-        for p in (cluster.processes[r] for r in ranks)
+        for p in (world.processes[r] for r in ranks)
     }
     deadline = time.monotonic() + deadline_s
     started_at = time.time()
@@ -261,12 +262,12 @@ async def init_jax(cluster, deadline_s: float, ranks: Sequence[int] | None = Non
         failed = any(ars[r].exception() is not None for r in done)
         ok = [r for r in done if ars[r].exception() is None]
         if len(ok) != last:
-            cluster._report("processes initialised", len(ok), len(ranks))
+            world.report("processes initialised", len(ok), len(ranks))
             last = len(ok)
         if len(ok) == len(ranks):
             break
         if first_error_at is None and (
-            failed or any(launcher_failure(cluster, r) for r in ranks if r not in done)
+            failed or any(launcher_failure(world, r) for r in ranks if r not in done)
         ):
             first_error_at = time.monotonic()
         # Once one process has failed the others can only wait for it: give their own
@@ -275,11 +276,11 @@ async def init_jax(cluster, deadline_s: float, ranks: Sequence[int] | None = Non
         if (first_error_at is not None and now - first_error_at > ERROR_GATHER_S) or (
             now > deadline
         ):
-            raise _init_failure(cluster, ars, ranks, deadline_s, started_at)
+            raise _init_failure(world, ars, ranks, deadline_s, started_at)
         await asyncio.sleep(_POLL_S)
     for r in ranks:
         result = ars[r].get()
-        p = cluster.processes[r]
+        p = world.processes[r]
         p.devices = result["local_devices"]
         p.platform = result["platform"]
         p.init_call = result.get("call", {})
@@ -290,28 +291,28 @@ async def init_jax(cluster, deadline_s: float, ranks: Sequence[int] | None = Non
 # -- all together ----------------------------------------------------------------------------
 
 
-async def bring_up_engines(cluster, deadline: float, exclude: set[str]) -> None:
+async def bring_up_engines(world, deadline: float, exclude: set[str]) -> None:
     """Wait for the launched engines, identify them, initialise JAX, and make the view."""
     # On a restart the hub may still list the killed engines for a moment.
-    engine_ids = await wait_registered(cluster, deadline, exclude)
-    infos = await identify(cluster, engine_ids)
-    cluster.processes = [ProcessInfo.from_description(r, infos[r]) for r in cluster.ranks]
-    await init_jax(cluster, cluster.init_timeout + 5)
-    make_view(cluster)
+    engine_ids = await wait_registered(world, deadline, exclude)
+    infos = await identify(world, engine_ids)
+    world.processes = [ProcessInfo.from_description(r, infos[r]) for r in world.ranks]
+    await init_jax(world, world.config.init_timeout + 5)
+    make_view(world)
 
 
-async def bring_up_rank(cluster, rank: int, exclude: set[str]) -> None:
+async def bring_up_rank(world, rank: int, exclude: set[str]) -> None:
     """Wait for one relaunched rank to register, identify it, and let it join the world."""
     (eid,) = await wait_registered(
-        cluster, time.monotonic() + cluster.register_timeout, exclude, n=1
+        world, time.monotonic() + world.config.register_timeout, exclude, n=1
     )
-    info = (await identify(cluster, [eid], expected=[rank]))[rank]
-    cluster.processes[rank] = ProcessInfo.from_description(rank, info)
-    await init_jax(cluster, cluster.init_timeout + 5, ranks=[rank])
-    make_view(cluster)
+    info = (await identify(world, [eid], expected=[rank]))[rank]
+    world.processes[rank] = ProcessInfo.from_description(rank, info)
+    await init_jax(world, world.config.init_timeout + 5, ranks=[rank])
+    make_view(world)
 
 
-def make_view(cluster) -> None:
+def make_view(world) -> None:
     """A blocking view over every rank's engine, in rank order."""
-    cluster.view = cluster.client[[p.engine_id for p in cluster.processes]]
-    cluster.view.block = True
+    world.view = world.client[[p.engine_id for p in world.processes]]
+    world.view.block = True

@@ -16,14 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from . import bringup, security, teardown
+from .calls import Calls, EngineCalls
 from .config import ClusterConfig
-from .launchers import EngineContext, make_launcher, stack_file, telemetry_addresses
+from .launchers import make_launcher, stack_file, telemetry_addresses
 from .loop import AsyncFirst
+from .profile import controller_file
 from .records import ClusterError, ClusterStartError, ProcessInfo, ProgressEvent
-from .security import ROTATION_POLL_S
+from .security import ROTATION_POLL_S, ClusterSecurity
 from .teardown import pid_alive
+from .world import World
 
 __all__ = [
+    "Calls",
     "Cluster",
     "ClusterConfig",
     "ClusterError",
@@ -39,7 +43,12 @@ def _from_config(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.config, name), doc=doc)
 
 
-class Cluster(AsyncFirst):
+def _from_world(name: str, doc: str) -> property:
+    # Read-only: only bring-up and teardown change the world.
+    return property(lambda self: getattr(self.world, name), doc=doc)
+
+
+class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
     """N JAX processes, each an ipyparallel engine, driven from one Python process.
 
     The cluster is async-first: every coroutine method has a ``*_sync`` twin. Both run the
@@ -154,21 +163,21 @@ class Cluster(AsyncFirst):
         )
         # Chosen once: nothing else asks which kind of launcher this is.
         self._launcher = make_launcher(self.config)
-        self.telemetry = None
-        self.pki = None
-        self.processes: list[ProcessInfo] = []
-        self.client = None
-        self.view = None
-        self.coordinator_address: str | None = None
+        # Everything bring-up fills in and teardown empties.
+        self.world = World(self.config, self._launcher, report=self._report)
         self.state = "stopped"
         self.ready_seconds: float | None = None
-        self._profile: Path | None = None
-        self._early_coordinator: str | None = None
-        self._rank_restarts: dict[int, int] = {}
-        self._incarnation = 0
         self.rotation_poll = ROTATION_POLL_S
         self._rotation = security.RotationWatch(lambda: self.rotation_poll)
         teardown.track(self)
+
+    # What the world holds, read through the facade.
+    processes = _from_world("processes", "One ProcessInfo per rank.")
+    client = _from_world("client", "ipyparallel's client, while the cluster runs.")
+    view = _from_world("view", "A blocking view on every engine, in rank order.")
+    pki = _from_world("pki", "The cluster's certificates (mTLS), or None.")
+    telemetry = _from_world("telemetry", "The telemetry hub, or None.")
+    coordinator_address = _from_world("coordinator_address", "The coordination service.")
 
     # The options, read-only: they are the validated ``config``.
     host_names = _from_config("host_names", "Host names (one process each), or None.")
@@ -194,7 +203,13 @@ class Cluster(AsyncFirst):
     @property
     def _ipp(self):
         # ipyparallel's Cluster (controller and engine launchers), or None when stopped.
-        return self._launcher.ipp
+        return self.world.ipp
+
+    @property
+    def connection_file(self) -> Path | None:
+        """The controller's client connection file (for ``ipyparallel.Client``), while running."""
+        ipp = self.world.ipp
+        return None if ipp is None else controller_file(ipp.profile_dir, ipp.cluster_id, "client")
 
     @property
     def ranks(self) -> list[int]:
@@ -221,20 +236,21 @@ class Cluster(AsyncFirst):
             raise ClusterError(f"the cluster is already {self.state}; stop it first")
         t0 = time.perf_counter()
         self.state = "starting"
-        self.processes = [ProcessInfo(rank=r) for r in self.ranks]
+        world = self.world
+        world.processes = [ProcessInfo(rank=r) for r in self.ranks]
         try:
-            await bringup.start_services(self)
+            await bringup.start_services(world)
             deadline = time.monotonic() + self.register_timeout
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
             await self._launch_engines()
             if self._launcher.uses_engine_file_copy:
-                await bringup.publish_engine_file(self, deadline)
+                await bringup.publish_engine_file(world, deadline)
             if self.secure:
                 security.quiet_curve_signing_warning()
-            self.client = await asyncio.wait_for(
-                self._ipp.connect_client(), timeout=self.register_timeout
+            world.client = await asyncio.wait_for(
+                world.ipp.connect_client(), timeout=self.register_timeout
             )
-            await bringup.bring_up_engines(self, deadline, exclude=set())
+            await bringup.bring_up_engines(world, deadline, exclude=set())
         except BaseException:
             self.kill()
             raise
@@ -268,15 +284,15 @@ class Cluster(AsyncFirst):
         """
         self._require_ready()
         t0 = time.perf_counter()
-        old_uuids = bringup.engine_uuids(self)
+        old_uuids = bringup.engine_uuids(self.world)
         self.state = "restarting"
         for p in self.processes:
             p.state = "restarting"
         try:
-            await teardown.kill_world(self)
+            await teardown.kill_world(self.world)
             await self._launch_engines()
             await bringup.bring_up_engines(
-                self, time.monotonic() + self.register_timeout, exclude=old_uuids
+                self.world, time.monotonic() + self.register_timeout, exclude=old_uuids
             )
         except BaseException:
             self.kill()
@@ -303,13 +319,14 @@ class Cluster(AsyncFirst):
         p = self.processes[rank]
         await asyncio.to_thread(self._launcher.kill_rank, rank, p)
         p.state = "restarting"
-        await teardown.unregister(self, {p.engine_id})
+        world = self.world
+        await teardown.unregister(world, {p.engine_id})
         self._launcher.forget_rank(rank)
-        self._rank_restarts[rank] = self._rank_restarts.get(rank, 0) + 1
-        old_uuids = bringup.engine_uuids(self)
-        set_id = f"p{rank}-i{self._incarnation}-r{self._rank_restarts[rank]}"
-        await self._launcher.launch_rank(rank, set_id, self._engine_context())
-        await bringup.bring_up_rank(self, rank, old_uuids)
+        world.rank_restarts[rank] = world.rank_restarts.get(rank, 0) + 1
+        old_uuids = bringup.engine_uuids(world)
+        set_id = f"p{rank}-i{world.incarnation}-r{world.rank_restarts[rank]}"
+        await self._launcher.launch_rank(rank, set_id, world.engine_context())
+        await bringup.bring_up_rank(world, rank, old_uuids)
         return time.perf_counter() - t0
 
     def kill(self) -> float:
@@ -323,7 +340,10 @@ class Cluster(AsyncFirst):
         float
             Seconds the teardown took.
         """
-        return teardown.kill(self)
+        self._rotation.stop()
+        took = teardown.kill(self.world)
+        self.state = "stopped"
+        return took
 
     def __enter__(self) -> Cluster:
         return self.start_sync()
@@ -462,96 +482,7 @@ class Cluster(AsyncFirst):
 
     def stack_file(self, rank: int) -> Path:
         """Where process ``rank`` (of the current incarnation) writes stack dumps."""
-        return stack_file(self._profile, rank, self._incarnation)
-
-    # -- security --------------------------------------------------------------------------
-
-    @property
-    def security(self) -> str:
-        """One line saying how the cluster's links are protected."""
-        return security.describe(self.secure, self.ca_file)
-
-    @property
-    def reports_refusals(self) -> bool:
-        """Whether refused handshakes can be reported: mTLS, telemetry, and a gRPC
-        verbosity (if the user chose one) at which its handshake trace is printed."""
-        return security.reports_refusals(
-            self.secure, self.pki, self.telemetry_enabled, self.config.user_env(0)
-        )
-
-    def rotate_certs(self) -> list[int]:
-        """Issue new certificates for every process in place, signed by the same CA.
-
-        JAX re-reads certificate files periodically (every 10 minutes in 0.12), so running
-        processes switch to the new ones without a restart.
-
-        Returns
-        -------
-        list of int
-            The serial numbers of the new certificates, by process.
-        """
-        self._require_ready()
-        if self.pki is None:
-            raise ClusterError(
-                "this cluster runs without mTLS; there are no certificates to rotate"
-            )
-        if not self.pki.can_rotate:
-            raise ClusterError(
-                "this cluster uses your CA, and jaxsys holds no CA key: issue new certificates "
-                "with your CA and replace the files in the certificate directory in place"
-            )
-        serials = self.pki.rotate()
-        self._rotation.start(serials[0], self._serving_certificates, self._served_serial)
-        return serials
-
-    def rotation(self) -> dict | None:
-        """Where the latest certificate rotation stands, or None if there was none.
-
-        After :meth:`rotate_certs` a background thread asks the coordination service every
-        ``rotation_poll`` seconds which certificate it presents, until it is the new one
-        (or for at most 20 minutes). Only process 0's certificate can be observed this way:
-        it is the one the service presents; the others switch on the same schedule.
-
-        Returns
-        -------
-        dict or None
-            ``rotated_at`` (wall-clock time), ``serial`` (process 0's new serial),
-            ``in_use_at`` (when the service was first seen presenting it, or None) and
-            ``gave_up`` (True if it never did within 20 minutes).
-        """
-        return self._rotation.state()
-
-    def refusals(self) -> list[dict]:
-        """Connections the coordination service refused, by address and reason.
-
-        Process 0 reports each refused TLS handshake (no certificate, another CA, an
-        identity outside the cluster's prefix...) to the kernel as it happens. The list
-        survives world restarts.
-
-        Returns
-        -------
-        list of dict
-            ``host``, ``reason``, ``identity``, ``error``, ``attempts``, ``first``, ``last``
-            and ``last_port`` for each address and reason, oldest first; empty for clusters
-            without mTLS or telemetry.
-        """
-        return [r.to_dict() for r in self.refusal_records()]
-
-    def refusal_records(self) -> list:
-        """:meth:`refusals` as :class:`~jaxsys_kernel.telemetry.schema.Refusal` records."""
-        if self.telemetry is None or self.pki is None:
-            return []
-        return self.telemetry.refusals()
-
-    def _serving_certificates(self) -> bool:
-        return self.state != "stopped" and self.pki is not None
-
-    def _served_serial(self) -> int:
-        from .pki import peer_certificate_serial
-
-        return peer_certificate_serial(
-            self.coordinator_address, self.pki.credentials(0), timeout=2.0
-        )
+        return stack_file(self.world.profile, rank, self.world.incarnation)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -582,19 +513,11 @@ class Cluster(AsyncFirst):
                 "restart the whole world"
             )
 
-    def _engine_context(self) -> EngineContext:
-        return EngineContext(
-            incarnation=self._incarnation,
-            coordinator=self._early_coordinator,
-            profile=self._profile,
-            pki=self.pki,
-            telemetry=self.telemetry,
-        )
-
     async def _launch_engines(self) -> None:
         """Launch a new incarnation of every rank."""
-        self._incarnation += 1
+        world = self.world
+        world.incarnation += 1
         # Local engines learn the coordinator at launch and join while they register;
         # remote ones learn it afterwards, from rank 0's host.
-        self._early_coordinator = self._launcher.early_coordinator()
-        await self._launcher.launch(self._engine_context(), self._report)
+        world.early_coordinator = self._launcher.early_coordinator()
+        await self._launcher.launch(world.engine_context(), self._report)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import contract
+from .records import ClusterError
 
 # After a rotation, how often the served certificate is checked, and for how long: JAX 0.12
 # re-reads certificate files about every 10 minutes, so twice that means something is wrong.
@@ -178,3 +179,93 @@ def quiet_curve_signing_warning() -> None:
     logger = get_logger()
     if _curve_filter not in logger.filters:
         logger.addFilter(_curve_filter)
+
+
+class ClusterSecurity:
+    """The mixin that gives :class:`~jaxsys_kernel.cluster.Cluster` its security methods:
+    the description of its links, certificate rotation and the refused handshakes."""
+
+    @property
+    def security(self) -> str:
+        """One line saying how the cluster's links are protected."""
+        return describe(self.secure, self.ca_file)
+
+    @property
+    def reports_refusals(self) -> bool:
+        """Whether refused handshakes can be reported: mTLS, telemetry, and a gRPC
+        verbosity (if the user chose one) at which its handshake trace is printed."""
+        return reports_refusals(
+            self.secure, self.pki, self.telemetry_enabled, self.config.user_env(0)
+        )
+
+    def rotate_certs(self) -> list[int]:
+        """Issue new certificates for every process in place, signed by the same CA.
+
+        JAX re-reads certificate files periodically (every 10 minutes in 0.12), so running
+        processes switch to the new ones without a restart.
+
+        Returns
+        -------
+        list of int
+            The serial numbers of the new certificates, by process.
+        """
+        self._require_ready()
+        if self.pki is None:
+            raise ClusterError(
+                "this cluster runs without mTLS; there are no certificates to rotate"
+            )
+        if not self.pki.can_rotate:
+            raise ClusterError(
+                "this cluster uses your CA, and jaxsys holds no CA key: issue new certificates "
+                "with your CA and replace the files in the certificate directory in place"
+            )
+        serials = self.pki.rotate()
+        self._rotation.start(serials[0], self._serving_certificates, self._served_serial)
+        return serials
+
+    def rotation(self) -> dict | None:
+        """Where the latest certificate rotation stands, or None if there was none.
+
+        After :meth:`rotate_certs` a background thread asks the coordination service every
+        ``rotation_poll`` seconds which certificate it presents, until it is the new one
+        (or for at most 20 minutes). Only process 0's certificate can be observed this way:
+        it is the one the service presents; the others switch on the same schedule.
+
+        Returns
+        -------
+        dict or None
+            ``rotated_at`` (wall-clock time), ``serial`` (process 0's new serial),
+            ``in_use_at`` (when the service was first seen presenting it, or None) and
+            ``gave_up`` (True if it never did within 20 minutes).
+        """
+        return self._rotation.state()
+
+    def refusals(self) -> list[dict]:
+        """Connections the coordination service refused, by address and reason.
+
+        Process 0 reports each refused TLS handshake (no certificate, another CA, an
+        identity outside the cluster's prefix...) to the kernel as it happens. The list
+        survives world restarts.
+
+        Returns
+        -------
+        list of dict
+            ``host``, ``reason``, ``identity``, ``error``, ``attempts``, ``first``, ``last``
+            and ``last_port`` for each address and reason, oldest first; empty for clusters
+            without mTLS or telemetry.
+        """
+        return [r.to_dict() for r in self.refusal_records()]
+
+    def refusal_records(self) -> list:
+        """:meth:`refusals` as :class:`~jaxsys_kernel.telemetry.schema.Refusal` records."""
+        return self.world.refusal_records()
+
+    def _serving_certificates(self) -> bool:
+        return self.state != "stopped" and self.pki is not None
+
+    def _served_serial(self) -> int:
+        from .pki import peer_certificate_serial
+
+        return peer_certificate_serial(
+            self.coordinator_address, self.pki.credentials(0), timeout=2.0
+        )

@@ -114,10 +114,10 @@ def disown_output(launchers: Iterable) -> None:
         launcher.output_file = ""
 
 
-def census(cluster) -> list[int]:
+def census(world) -> list[int]:
     """Every pid on this machine the cluster may have started: launchers, engines, nannies."""
     pids: set[int] = set()
-    ipp, launcher = cluster._ipp, cluster._launcher
+    ipp, launcher = world.ipp, world.launcher
     if ipp is not None:
         ctl = ipp.controller
         if ctl is not None and getattr(ctl, "pid", None):
@@ -126,7 +126,7 @@ def census(cluster) -> list[int]:
             for es in list(ipp.engines.values()):
                 pids.update(launcher_pids(es))
     if launcher.engine_pids_here:
-        for p in cluster.processes:
+        for p in world.processes:
             pids.update(pid for pid in (p.pid, p.nanny_pid) if pid)
     # Launchers report -1 for a process that never started.
     return sorted(pid for pid in pids if isinstance(pid, int) and pid > 1)
@@ -135,17 +135,16 @@ def census(cluster) -> list[int]:
 # -- teardown ------------------------------------------------------------------------------
 
 
-def kill(cluster) -> float:
-    """Tear the cluster down at once (see :meth:`Cluster.kill`); returns the seconds taken."""
+def kill(world) -> float:
+    """Tear the world down at once (see :meth:`Cluster.kill`); returns the seconds taken."""
     t0 = time.perf_counter()
-    cluster._rotation.stop()
-    ipp, launcher = cluster._ipp, cluster._launcher
+    ipp, launcher = world.ipp, world.launcher
     engine_sets = list(ipp.engines.values()) if ipp is not None else []
     if ipp is not None:
         subs = [sub for es in engine_sets for sub in sub_launchers(es)]
         disown_output([*subs, *([ipp.controller] if ipp.controller is not None else [])])
-    pids = census(cluster)
-    client, cluster.client, cluster.view = cluster.client, None, None
+    pids = census(world)
+    client, world.client, world.view = world.client, None, None
     if client is not None:
         try:
             client.close(linger=0)
@@ -160,51 +159,50 @@ def kill(cluster) -> float:
         launcher.ipp = None
     wait_gone(pids, timeout=KILL_WAIT_S)
     launcher.release_ports()
-    if cluster._profile is not None:
-        remove_profile(cluster._profile)
-        cluster._profile = None
-    for p in cluster.processes:
+    if world.profile is not None:
+        remove_profile(world.profile)
+        world.profile = None
+    for p in world.processes:
         p.mark_dead("the cluster was torn down")
-    cluster.pki = None
-    if cluster.telemetry is not None:
-        cluster.telemetry.close()
-        cluster.telemetry = None
-    cluster.state = "stopped"
+    world.pki = None
+    if world.telemetry is not None:
+        world.telemetry.close()
+        world.telemetry = None
     return time.perf_counter() - t0
 
 
-async def kill_world(cluster) -> None:
+async def kill_world(world) -> None:
     """For a world restart: kill every engine, keep the controller, and free the engine ids."""
-    launcher, ipp = cluster._launcher, cluster._ipp
+    launcher, ipp = world.launcher, world.ipp
     old_sets = set(launcher.engine_sets.values())
-    old_launchers = [es for es in (launcher.engine_set(r) for r in cluster.ranks) if es]
-    old_ids = {p.engine_id for p in cluster.processes}
+    old_launchers = [es for es in (launcher.engine_set(r) for r in world.ranks) if es]
+    old_ids = {p.engine_id for p in world.processes}
     await asyncio.to_thread(launcher.kill_engines, old_launchers)
-    if cluster.telemetry is not None:
-        cluster.telemetry.reset()
+    if world.telemetry is not None:
+        world.telemetry.reset()
     for set_id in old_sets:
         ipp.engines.pop(set_id, None)
     # Without this the hub frees the ids only after missed heartbeats, seconds later.
-    await unregister(cluster, old_ids)
+    await unregister(world, old_ids)
 
 
-async def unregister(cluster, engine_ids: set[int]) -> None:
+async def unregister(world, engine_ids: set[int]) -> None:
     """Tell the hub that these engines are gone, as a nanny would, and wait (bounded) until
     it has dropped them, so their ids are free for new processes."""
-    client = cluster.client
-    send_unregistration(cluster, set(engine_ids) & set(client.ids))
+    client = world.client
+    send_unregistration(world, set(engine_ids) & set(client.ids))
     deadline = time.monotonic() + UNREGISTER_WAIT_S
     while engine_ids & set(client.ids) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
 
 
-def send_unregistration(cluster, engine_ids: set[int]) -> None:
+def send_unregistration(world, engine_ids: set[int]) -> None:
     """Send the hub an ``unregistration_request`` for each engine, over its registration
     socket (with CurveZMQ when the controller uses it)."""
     import zmq
     from ipyparallel import util
 
-    ipp = cluster._ipp
+    ipp = world.ipp
     if not engine_ids or ipp is None:
         return
     try:
@@ -221,7 +219,7 @@ def send_unregistration(cluster, engine_ids: set[int]) -> None:
             curve_serverkey=serverkey.encode("ascii") if serverkey else None,
         )
         for eid in sorted(engine_ids):
-            cluster.client.session.send(sock, "unregistration_request", content={"id": eid})
+            world.client.session.send(sock, "unregistration_request", content={"id": eid})
     finally:
         sock.close()
 

@@ -34,16 +34,18 @@ from IPython.core.error import UsageError
 from .. import _compat
 from .._version import __version__
 from ..errors import ProtocolError
+from ..magics.controls import ALIASES, CONTROLS, RANK_CONTROLS
 
 TARGET = "jaxsys"
 SCHEMA_VERSION = 1
 
 #: Actions shared with the dashboard's controls (carried out by ``session.control``).
-CONTROL_ACTIONS = ("stop", "stacks", "kill", "restart", "restart-world")
-#: Every action the comm accepts: start and stop the cluster, and the shared ones.
-ACTIONS = ("start", "stop-cluster", *CONTROL_ACTIONS)
+CONTROL_ACTIONS = CONTROLS
+#: Every action the comm accepts: start and stop the cluster, the shared ones, and the old
+#: names still accepted ("stop" for "interrupt").
+ACTIONS = ("start", "stop-cluster", *CONTROL_ACTIONS, *ALIASES)
 #: Actions that name one process.
-RANK_ACTIONS = ("kill", "restart")
+RANK_ACTIONS = RANK_CONTROLS
 
 #: Most state pushes a second from telemetry (cells and commands push at once).
 MAX_RATE = 4.0
@@ -302,6 +304,7 @@ class ClusterComms:
             return self._start()
         if action == "stop-cluster":
             return self._stop_cluster()
+        action = ALIASES.get(action, action)
         report = _ControlReport()
         self.session.control(report, action, rank)
         failed = report.control_status.startswith(f"{action} failed") or (

@@ -22,6 +22,7 @@ from .actions_args import count, env_pairs, rank, seconds, split
 from .actions_cache import cache
 from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
+from .boundary import usage_errors
 
 # Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
 # stuck in an earlier cell, and the kernel must not wait for it forever).
@@ -425,14 +426,13 @@ def process_log(session, process: str, tail: int, timeout: float = LOGS_TIMEOUT)
             f"process {r} is {info.state}; its log can only be read while it runs "
             f"(%jaxsys restart {r} brings it back)"
         )
-    reply = cluster.client[info.engine_id].apply_async(output.log_tail, tail)
-    try:
-        return reply.get(timeout=timeout)
-    except TimeoutError:
+    calls = cluster.call([r], output.log_tail, tail, timeout=timeout)
+    if calls.missing:
         raise UsageError(
             f"process {r} did not send its log within {timeout:g} s (it may still be busy "
             "with an earlier cell)"
-        ) from None
+        )
+    return calls.values()[r]
 
 
 # -- the table and the dispatcher ---------------------------------------------------------------
@@ -484,6 +484,7 @@ def lookup(name: str) -> Action:
     return found
 
 
+@usage_errors
 def dispatch(session, line: str) -> Any:
     """Carry out one ``%jaxsys`` line: look up its action, parse the rest, run it.
 

@@ -129,25 +129,9 @@ def format_process(s: Any) -> str:
     )
 
 
-def _ask(cluster, ranks: list[int], fn, *args) -> dict[int, Any]:
+def ask(cluster, ranks: list[int], fn, *args) -> dict[int, Any]:
     """Run ``fn`` on the processes ``ranks``; a process that does not answer is named."""
-    pending = {}
-    for r in ranks:
-        info = cluster.processes[r]
-        if info.state != "ready" or info.engine_id is None:
-            raise UsageError(f"process {r} is {info.state}; %jaxsys restart brings it back")
-        pending[r] = cluster.client[info.engine_id].apply_async(fn, *args)
-    out = {}
-    deadline = time.monotonic() + ANSWER_TIMEOUT
-    for r, reply in pending.items():
-        try:
-            out[r] = reply.get(timeout=max(0.1, deadline - time.monotonic()))
-        except TimeoutError:
-            raise UsageError(
-                f"process {r} did not answer within {ANSWER_TIMEOUT:g} s (it may still be busy "
-                "with an earlier cell)"
-            ) from None
-    return out
+    return cluster.call(ranks, fn, *args, timeout=ANSWER_TIMEOUT).values()
 
 
 def _live_view(session, hub):
@@ -223,7 +207,7 @@ def cache(session, args: argparse.Namespace) -> Any:
         return _misses(cluster, engine_cache, args.proc, args.limit)
     if args.min_compile_secs is not None or args.min_entry_bytes is not None:
         _set_thresholds(cluster, engine_cache, args.min_compile_secs, args.min_entry_bytes)
-    listing = _ask(cluster, [0], engine_cache.list_entries)[0]
+    listing = ask(cluster, [0], engine_cache.list_entries)[0]
     where = listing["dir"] or "none (this cluster runs without a persistent cache)"
     print(f"cache: {where}")
     if listing["dir"]:
@@ -239,7 +223,7 @@ def cache(session, args: argparse.Namespace) -> Any:
 
 
 def _clear(cluster, engine_cache) -> None:
-    answers = _ask(cluster, cluster.ranks, engine_cache.clear_entries)
+    answers = ask(cluster, cluster.ranks, engine_cache.clear_entries)
     by_dir: dict[str, list[int]] = {}
     for r, a in answers.items():
         by_dir.setdefault(a["dir"], []).append(r)
@@ -254,7 +238,7 @@ def _clear(cluster, engine_cache) -> None:
 
 
 def _set_thresholds(cluster, engine_cache, secs: float | None, size: int | None) -> None:
-    _ask(cluster, cluster.ranks, engine_cache.set_thresholds, secs, size)
+    ask(cluster, cluster.ranks, engine_cache.set_thresholds, secs, size)
     # Processes started later (restarts) read JAX's own variables at start-up.
     if secs is not None:
         cluster.env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = f"{secs:g}"
@@ -283,7 +267,7 @@ def _misses(cluster, engine_cache, proc: str | None, limit: int) -> None:
                 f"there is no process {r}; this cluster's processes are "
                 f"{format_procs(cluster.ranks)}"
             )
-    answers = _ask(cluster, ranks, engine_cache.describe, limit)
+    answers = ask(cluster, ranks, engine_cache.describe, limit)
     for r, a in answers.items():
         misses = a.get("misses", [])
         if not misses:

@@ -17,7 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .._ranges import format_procs
 from ..telemetry.schema import transfer_counts_text
 from .actions_args import seconds
-from .actions_cache import _ask
+from .actions_cache import ask
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 SHORT = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device"}
@@ -110,8 +110,8 @@ def transfer_guard(session, args: argparse.Namespace) -> None:
     cluster = session.require_cluster()
     settings = guard_settings(args.level, args.h2d, args.d2h, args.d2d)
     if settings:
-        _ask(cluster, cluster.ranks, guards.set_transfer_guard, settings)
-    answers = _ask(cluster, cluster.ranks, guards.state, bool(args.reset_counts))
+        ask(cluster, cluster.ranks, guards.set_transfer_guard, settings)
+    answers = ask(cluster, cluster.ranks, guards.state, bool(args.reset_counts))
     print(format_guard(answers))
 
 
@@ -120,7 +120,7 @@ def arm_thread_guard(cluster, ranks: list[int]) -> None:
     # Deferred: the engine module only names the function shipped to the engines.
     from ..engine import guards
 
-    _ask(cluster, ranks, guards.arm_thread_guard)
+    ask(cluster, ranks, guards.arm_thread_guard)
 
 
 # -- the barrier -------------------------------------------------------------------------------
@@ -194,14 +194,9 @@ def run_barrier(cluster, name: str, timeout: float, on_progress=print) -> dict:
 
     barrier_id = f"{name}.{uuid.uuid4().hex[:12]}"
     deadline = time.time() + timeout
-    pending = {}
-    for r in cluster.ranks:
-        info = cluster.processes[r]
-        if info.state != "ready" or info.engine_id is None:
-            raise UsageError(f"process {r} is {info.state}; %jaxsys restart brings it back")
-        pending[r] = cluster.client[info.engine_id].apply_async(
-            engine_barrier.wait, barrier_id, name, timeout, deadline
-        )
+    pending = cluster.submit(
+        cluster.ranks, engine_barrier.wait, barrier_id, name, timeout, deadline
+    )
     shown: dict[int, int] = {}
     until = time.monotonic() + timeout + BARRIER_SLACK
     while time.monotonic() < until and not all(ar.ready() for ar in pending.values()):

@@ -14,6 +14,8 @@ export const SCHEMA_VERSION = 1;
 export type Action =
   | 'start'
   | 'stop-cluster'
+  | 'interrupt'
+  /** The old name of `interrupt`, still accepted. */
   | 'stop'
   | 'stacks'
   | 'kill'

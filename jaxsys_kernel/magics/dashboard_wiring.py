@@ -1,0 +1,84 @@
+"""The session's live dashboard: telemetry subscriptions feeding the views, and the last
+mesh and sharding a cell displayed."""
+
+from __future__ import annotations
+
+import time
+
+from IPython.core.error import UsageError
+
+from ..cluster.audit import refusal_notice
+from . import actions_guard
+
+
+def _short_notice(line: str) -> str:
+    """A refusal notice without the prefix and the pointer, for the dashboard's log."""
+    return line.removeprefix("jaxsys: the coordination service ").split(". The cluster")[0]
+
+
+class DashboardWiring:
+    """The dashboard and the summaries it shows (a part of
+    :class:`~jaxsys_kernel.magics.session.MultihostSession`)."""
+
+    def show_dashboard(self, max_rate: float = 10.0):
+        """A live dashboard: mesh, sharding, cache hits and liveness of every process.
+
+        The mesh and sharding panes show the last ones displayed in a ``%%multihost`` cell;
+        cache and liveness update from telemetry while cells run, at most ``max_rate``
+        times a second. A new dashboard takes over the live updates from the previous one.
+        """
+        # Deferred: the widgets (anywidget, ipywidgets) take most of a second to import,
+        # which a kernel that never shows a dashboard should not pay at start.
+        from ..widgets import Dashboard
+
+        cluster = self.require_cluster()
+        hub = cluster.telemetry
+        if hub is None:
+            raise UsageError("this cluster runs without telemetry; start one with telemetry on")
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        dash = Dashboard(
+            mesh=self.last_summaries.get("mesh"), sharding=self.last_summaries.get("sharding")
+        )
+        previous: dict[int, str] = {}
+        # Refusals from before the dashboard are in %jaxsys security; the log shows new ones.
+        told = {(r.host, r.error): r.attempts for r in hub.refusals()}
+        transfers_told: dict[int, dict] = {}
+
+        def refresh(h) -> None:
+            cluster.refresh_states()
+            lives = h.liveness({p.rank: p.state for p in cluster.processes})
+            changes = []
+            for live in lives:
+                if previous.get(live.rank) != live.state:
+                    before = previous.get(live.rank, "-")
+                    changes.append(
+                        f"{time.strftime('%H:%M:%S')} p{live.rank}: {before} -> {live.state}"
+                    )
+                    previous[live.rank] = live.state
+            for line in refusal_notice(told, h.refusals()):
+                changes.append(f"{time.strftime('%H:%M:%S')} {_short_notice(line)}")
+            changes += actions_guard.transfer_notice(transfers_told, h.transfer_counts())
+            health = h.health().line()
+            with dash.live.hold_sync():
+                if dash.live.telemetry_health != health:
+                    dash.live.telemetry_health = health
+                dash.update(
+                    cache=[c.to_dict() for c in h.cache_stats()],
+                    live=[live.to_dict() for live in lives],
+                    append=changes,
+                )
+
+        refresh(hub)
+        self._attach_controls(dash.live)
+        self.dashboard = dash
+        self._unsubscribe = hub.subscribe(refresh, max_rate=max_rate)
+        return dash
+
+    def _remember_summary(self, summary: dict) -> None:
+        self.last_summaries[summary.get("kind", "")] = summary
+        if self.dashboard is not None:
+            if summary.get("kind") == "mesh":
+                self.dashboard.update(mesh=summary)
+            elif summary.get("kind") == "sharding":
+                self.dashboard.update(sharding=summary)

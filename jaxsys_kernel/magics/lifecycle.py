@@ -1,0 +1,232 @@
+"""The session's cluster lifecycle: start with the kernelspec's defaults, stop, restart
+the world or one process, kill, certificates, and the notices printed after cells."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from .. import contract
+from ..cluster import Cluster
+from ..cluster.audit import refusal_notice
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs} s" if minutes else f"{seconds:.1f} s"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"${name}={raw!r} is not a whole number; set it to e.g. 4") from None
+    if value < 1:
+        raise UsageError(f"${name}={raw!r} must be at least 1")
+    return value
+
+
+class Lifecycle:
+    """Starting, stopping and restarting the session's cluster (a part of
+    :class:`~jaxsys_kernel.magics.session.MultihostSession`)."""
+
+    def defaults(self) -> dict:
+        """Cluster options from the environment (set in the kernelspec)."""
+        return {
+            "hosts": _env_int(contract.HOSTS, 4),
+            "devices_per_host": _env_int(contract.DEVICES_PER_HOST, 2),
+            "launcher": os.environ.get(contract.LAUNCHER, "local"),
+        }
+
+    def start(
+        self,
+        hosts: int | Sequence[str] | None = None,
+        devices_per_host: int | None = None,
+        launcher: str | None = None,
+        cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> Cluster:
+        """Start a cluster, filling unset options from the environment.
+
+        Raises
+        ------
+        UsageError
+            If a cluster is already running or an option is invalid.
+        """
+        if self.cluster is not None and self.cluster.state != "stopped":
+            raise UsageError(
+                f"a cluster of {self.cluster.nprocs} processes is already running; "
+                "use %jaxsys restart, or %jaxsys stop first"
+            )
+        d = self.defaults()
+        cluster = Cluster(
+            hosts=d["hosts"] if hosts is None else hosts,
+            devices_per_host=d["devices_per_host"]
+            if devices_per_host is None
+            else devices_per_host,
+            launcher=d["launcher"] if launcher is None else launcher,
+            cache_dir=cache_dir,
+            **kwargs,
+        )
+        self.cluster = cluster
+        self.broken = None
+        self.still_running = set()
+        self._refusals_told = {}
+        cluster.start_sync()
+        print(
+            f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
+            f"{cluster.ready_seconds:.1f} s (coordinator {cluster.coordinator_address})\n"
+            f"security: {cluster.security}",
+            file=sys.stderr,
+        )
+        return cluster
+
+    def ensure_cluster(self) -> Cluster:
+        """Return the running cluster, starting one with the defaults if there is none."""
+        if self.cluster is None or self.cluster.state == "stopped":
+            return self.start()
+        return self.cluster
+
+    def require_cluster(self) -> Cluster:
+        """Return the running cluster or raise a UsageError that says how to start one."""
+        if self.cluster is None or self.cluster.state == "stopped":
+            raise UsageError("no cluster is running; start one with %jaxsys start")
+        return self.cluster
+
+    def stop(self) -> float | None:
+        """Stop the cluster, if any. Returns the seconds it took."""
+        if self.cluster is None or self.cluster.state == "stopped":
+            return None
+        return self.cluster.kill()
+
+    def restart(self) -> float:
+        """Restart the whole JAX world. Returns the seconds until it was ready again.
+
+        A restart that fails stops the cluster; the user is told how to go on.
+        """
+        cluster = self.require_cluster()
+        try:
+            took = cluster.restart_sync()
+        except BaseException:
+            if cluster.state == "stopped":
+                print(
+                    "jaxsys: the restart failed and the cluster was stopped; "
+                    "start a new one with %jaxsys start",
+                    file=sys.stderr,
+                )
+            raise
+        self.broken = None
+        self.still_running = set()
+        self.ledger.reset()
+        return took
+
+    def kill_process(self, rank: int, signal_name: str = "KILL") -> float:
+        """Send SIGKILL/SIGTERM/SIGINT to one process; returns the seconds it took."""
+        cluster = self.require_cluster()
+        return cluster.kill_process(rank, getattr(signal, f"SIG{signal_name}"))
+
+    def kill_message(self, rank: int, signal_name: str, took: float) -> str:
+        """What a kill did, and what the survivors will see."""
+        cluster = self.require_cluster()
+        if signal_name == "INT":
+            return f"jaxsys: sent SIGINT to process {rank}"
+        head = f"jaxsys: process {rank} killed with SIG{signal_name}; gone after {took:.2f} s."
+        if cluster.recoverable:
+            return (
+                f"{head} The others keep running: JAX declares it dead after "
+                f"{cluster.heartbeat_timeout:g} s without heartbeats, and live_devices then "
+                f"leaves out its devices. %jaxsys restart {rank} brings it back."
+            )
+        return f"{head} Without recoverability the others will stop too: %jaxsys restart."
+
+    def restart_process(self, rank: int) -> float:
+        """Replace one process, which rejoins the running JAX world."""
+        cluster = self.require_cluster()
+        took = cluster.restart_process_sync(rank)
+        self.still_running.discard(rank)
+        return took
+
+    def rotate_certs(self) -> list[int]:
+        """Issue new certificates to every process; returns their serial numbers."""
+        return self.require_cluster().rotate_certs()
+
+    def refusals(self) -> list:
+        """The running cluster's refused handshakes (empty without a cluster or mTLS)."""
+        return [] if self.cluster is None else self.cluster.refusal_records()
+
+    def report_refusals(self, *_args) -> None:
+        """Tell the user, after a cell, who the coordination service refused meanwhile.
+
+        Registered as a ``post_run_cell`` hook; prints nothing when nothing is new. A
+        telemetry receiver found stopped is started again here, and said so.
+        """
+        try:
+            lines = refusal_notice(self._refusals_told, self.refusals())
+            hub = self.cluster.telemetry if self.cluster is not None else None
+            notice = hub.check() if hub is not None else None
+            if notice:
+                lines.append(notice)
+        except Exception:  # noqa: BLE001 - a report must never fail the user's cell
+            return
+        for line in lines:
+            print(line, file=sys.stderr)
+
+    def report_rotation(self, *_args) -> None:
+        """Tell the user, after a cell, once the rotated certificates are in use.
+
+        Registered as a ``post_run_cell`` hook; prints once per rotation.
+        """
+        cluster = self.cluster
+        rotation = cluster.rotation() if cluster is not None else None
+        if rotation is None or rotation["rotated_at"] == self._rotation_told:
+            return
+        if rotation["in_use_at"] is not None:
+            took = rotation["in_use_at"] - rotation["rotated_at"]
+            print(
+                f"jaxsys: the coordination service now presents the rotated certificate "
+                f"(serial {rotation['serial']:#x}), {_duration(took)} after rotate-certs.",
+                file=sys.stderr,
+            )
+        elif rotation["gave_up"]:
+            print(
+                "jaxsys: 20 minutes after rotate-certs the coordination service still presents "
+                "the old certificate; %jaxsys restart makes every process load the new ones.",
+                file=sys.stderr,
+            )
+        else:
+            return
+        self._rotation_told = rotation["rotated_at"]
+
+    def rotation_line(self) -> str | None:
+        """One line on the latest rotation for ``%jaxsys status``, or None if there was none."""
+        rotation = self.cluster.rotation() if self.cluster is not None else None
+        if rotation is None:
+            return None
+        stamp = time.strftime("%H:%M:%S", time.localtime(rotation["rotated_at"]))
+        if rotation["in_use_at"] is not None:
+            since = time.strftime("%H:%M:%S", time.localtime(rotation["in_use_at"]))
+            return f"certificates: rotated at {stamp}; presented by the coordination service since {since}"
+        if rotation["gave_up"]:
+            return f"certificates: rotated at {stamp}; never presented (%jaxsys restart loads them)"
+        return (
+            f"certificates: rotated at {stamp}; the coordination service still presents the old "
+            "one (JAX re-reads the files about every 10 minutes)"
+        )
+
+    def shutdown(self) -> None:
+        """Kill everything at once; used when the kernel shuts down."""
+        if self.cluster is not None:
+            self.cluster.kill()
+
+    def status_rows(self) -> list[dict]:
+        """One row per process: process, engine, pid, host, devices, state."""
+        return self.require_cluster().status()
