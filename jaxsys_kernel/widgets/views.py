@@ -3,8 +3,9 @@
 Each view is an ``anywidget.AnyWidget`` whose synced traits hold a plain summary dict (built
 on the engines by :mod:`jaxsys_kernel.engine.summaries`, or by the telemetry hub from
 :mod:`jaxsys_kernel.telemetry.schema` records). The traits are the whole state: a saved
-notebook redraws from them with no kernel. All views share one ES module,
-``static/views.js``, which picks its renderer from the ``_view_kind`` trait.
+notebook redraws from them with no kernel. Each view has its own ES module in ``static/``
+(``mesh.js``, ``sharding.js``, ``cache.js``, ``live.js``) with the shared helpers inlined by
+:func:`jaxsys_kernel.widgets.esm.view_module`, and all share ``static/views.css``.
 
 This module never imports JAX.
 """
@@ -22,6 +23,7 @@ import traitlets
 from . import fallback
 from .artifact import ArtifactView
 from .dataplan import DataPlanView
+from .esm import view_module
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -49,9 +51,8 @@ def _check_kind(info: dict, kind: str, view: str) -> dict:
 
 
 class _View(anywidget.AnyWidget):
-    """Base of the jaxsys views: the shared front-end module and stylesheet."""
+    """Base of the jaxsys views: the shared stylesheet and the static renderings."""
 
-    _esm = _STATIC / "views.js"
     _css = _STATIC / "views.css"
     _view_kind = traitlets.Unicode("").tag(sync=True)
 
@@ -91,6 +92,7 @@ class MeshView(_View):
     [4, 2]
     """
 
+    _esm = view_module("mesh")
     _view_kind = traitlets.Unicode("mesh").tag(sync=True)
     info = traitlets.Dict().tag(sync=True)
 
@@ -139,6 +141,7 @@ class ShardingView(_View):
         Passed to ``anywidget.AnyWidget``.
     """
 
+    _esm = view_module("sharding")
     _view_kind = traitlets.Unicode("sharding").tag(sync=True)
     info = traitlets.Dict().tag(sync=True)
     dims = traitlets.List(traitlets.Int(), default_value=[0, 1], minlen=2, maxlen=2).tag(sync=True)
@@ -212,6 +215,7 @@ class CacheView(_View):
         Passed to ``anywidget.AnyWidget``.
     """
 
+    _esm = view_module("cache")
     _view_kind = traitlets.Unicode("cache").tag(sync=True)
     stats = traitlets.List(traitlets.Dict()).tag(sync=True)
 
@@ -249,6 +253,7 @@ class LiveDevicesView(_View):
         Passed to ``anywidget.AnyWidget``.
     """
 
+    _esm = view_module("live")
     _view_kind = traitlets.Unicode("live").tag(sync=True)
     liveness = traitlets.List(traitlets.Dict()).tag(sync=True)
     event_log = traitlets.List(traitlets.Unicode()).tag(sync=True)
