@@ -58,6 +58,19 @@ action_help_transformer.has_side_effects = False
 
 
 @magics_class
+def cell_options(args) -> dict:
+    """The ``run_cell`` keywords from a parsed ``%%multihost`` line."""
+    return {
+        "timeout": args.timeout,
+        "collate": not args.no_collate,
+        "all_displays": args.all_displays,
+        "grace": args.grace,
+        "on_hang": args.on_hang,
+        "force": args.force,
+        "thread_guard": True if args.thread_guard else None,
+    }
+
+
 class JaxSysMagics(Magics):
     """The magics of the jaxsys kernel; each parses its arguments and calls the session."""
 
@@ -173,37 +186,30 @@ class JaxSysMagics(Magics):
         """
         args = self.multihost.parser.parse_args(split(self._line(line, "%multihost")))
         if cell is None:
-            if args.mode is None:
-                state = "on" if self.session.spmd else "off"
-                print(f"SPMD mode is {state}; use %multihost on|off, or %%multihost for one cell")
-                return None
-            self.session.spmd = args.mode == "on"
-            if self.session.spmd:
-                print(
-                    "SPMD mode on: cells run on every process; start a cell with %%local to run it here"
-                )
-            else:
-                print(
-                    "SPMD mode off: cells run in the kernel; use %%multihost to run one on every process"
-                )
-            return None
+            return self._switch_spmd(args.mode)
         if args.mode is not None:
             raise UsageError(
                 "%%multihost takes options only; use %multihost on|off on a line of its own"
             )
         if not cell.strip():
             return None
-        return self.session.run_cell(
-            cell,
-            args.procs,
-            timeout=args.timeout,
-            collate=not args.no_collate,
-            all_displays=args.all_displays,
-            grace=args.grace,
-            on_hang=args.on_hang,
-            force=args.force,
-            thread_guard=True if args.thread_guard else None,
-        )
+        return self.session.run_cell(cell, args.procs, **cell_options(args))
+
+    def _switch_spmd(self, mode: str | None) -> None:
+        """``%multihost on|off``, or say which mode is on."""
+        if mode is None:
+            state = "on" if self.session.spmd else "off"
+            print(f"SPMD mode is {state}; use %multihost on|off, or %%multihost for one cell")
+            return
+        self.session.spmd = mode == "on"
+        if self.session.spmd:
+            print(
+                "SPMD mode on: cells run on every process; start a cell with %%local to run it here"
+            )
+        else:
+            print(
+                "SPMD mode off: cells run in the kernel; use %%multihost to run one on every process"
+            )
 
     @no_var_expand
     @cell_magic

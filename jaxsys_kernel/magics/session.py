@@ -133,6 +133,12 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             )
         finally:
             self.broken = policy.broken or self.broken
+        self._after_run(run)
+        return cells.cell_result(run, sink)
+
+    def _after_run(self, run: cells.CellRun) -> None:
+        """Restart the world if the hang doctor chose to, remember who is still busy, and
+        raise if any process failed."""
         if run.hang_action == "restart":
             took = self.restart()
             print(f"jaxsys: JAX world restarted in {took:.1f} s", file=sys.stderr)
@@ -141,4 +147,3 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             # run the next cell only after this one: remember them.
             self.still_running |= set(run.by_status("running"))
         cells.raise_for_run(run)
-        return cells.cell_result(run, sink)
