@@ -45,7 +45,7 @@ CHROMIUM_FLAGS = [
 ]
 
 #: Where :func:`screenshot` puts relative paths (git-ignored).
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = Path(__file__).parents[1] / "artifacts"
 
 # Lab settings that keep pop-ups out of the page: no "get Jupyter news?" toast and no
 # update check. The file name is the plugin id's second half.

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .browser import (
+from ..browser import (
     OUTPUT,
     Lab,
     assert_no_errors,
@@ -20,7 +20,7 @@ from .browser import (
     wait_for,
     wait_idle,
 )
-from .harness import wait_no_processes, write_notebook
+from ..harness import wait_no_processes, write_notebook
 
 REASON = available()
 

@@ -16,12 +16,12 @@ import pytest
 from jaxsys_kernel.data.planner import plan
 from jaxsys_kernel.engine.simulate import FakeNamedSharding, fake_devices, fake_mesh
 
-from .browser import available, launch
+from ..browser import available, launch
 
 REASON = available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
-STATIC = Path(__file__).parent.parent / "jaxsys_kernel" / "widgets" / "static"
+STATIC = Path(__file__).parents[2] / "jaxsys_kernel" / "widgets" / "static"
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><style>{css}</style></head>
 <body><div id="view" style="width: 900px"></div><div id="svg">{svg}</div>

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .browser import (
+from ..browser import (
     OUTPUT,
     Lab,
     assert_no_errors,
@@ -17,7 +17,7 @@ from .browser import (
     wait_for,
     wait_idle,
 )
-from .harness import wait_no_processes, write_notebook
+from ..harness import wait_no_processes, write_notebook
 
 REASON = available()
 

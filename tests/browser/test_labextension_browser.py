@@ -18,7 +18,7 @@ import pytest
 
 from jaxsys_kernel import contract
 
-from .browser import (
+from ..browser import (
     ARTIFACTS,
     OUTPUT,
     Lab,
@@ -30,7 +30,7 @@ from .browser import (
     wait_for,
     wait_idle,
 )
-from .harness import tagged_processes, wait_no_processes, write_notebook
+from ..harness import tagged_processes, wait_no_processes, write_notebook
 
 REASON = available()
 
@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
 ]
 
-QUICKSTART = Path(__file__).parent.parent / "notebooks" / "00-quickstart.ipynb"
+QUICKSTART = Path(__file__).parents[2] / "notebooks" / "00-quickstart.ipynb"
 STATUS = "#jaxsys-status"
 SIDEBAR = "#jaxsys-sidebar"
 # JAX's heartbeat timeout of a cluster started by %jaxsys start (Cluster's default).
@@ -404,7 +404,7 @@ def test_jupyterlab_browser_check_passes(tmp_path):
     env["JLAB_BROWSER_CHECK_OUTPUT"] = str(ARTIFACTS / "browser-check")
     cmd = [
         sys.executable,
-        str(Path(__file__).parent / "lab_browser_check.py"),
+        str(Path(__file__).parents[1] / "lab_browser_check.py"),
         "--allow-root",
         "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",

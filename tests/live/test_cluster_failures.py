@@ -9,7 +9,7 @@ import pytest
 
 from jaxsys_kernel import Cluster, ClusterStartError
 
-from .harness import wait_no_processes
+from ..harness import wait_no_processes
 
 
 def test_failed_join_names_the_process(tag):

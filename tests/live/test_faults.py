@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness import kernel_with_cluster
+from ..harness import kernel_with_cluster
 
 LIVE = """%%multihost --procs 0,1 --timeout 30
 import time, jaxsys_kernel

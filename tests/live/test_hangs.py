@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness import kernel_with_cluster
+from ..harness import kernel_with_cluster
 
 FAIL_BEFORE_COLLECTIVE = """%%multihost --grace 2 {opts}
 import jax, numpy as np

@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from .harness import kernel_with_cluster, tagged_processes
-from .intruders import (
+from ..harness import kernel_with_cluster, tagged_processes
+from ..intruders import (
     AUDIT_CELL,
     HEALTH_CELL,
     KEY_HOLDER,

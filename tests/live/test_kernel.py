@@ -14,7 +14,7 @@ import time
 import pytest
 from jupyter_kernel_test.msgspec_v5 import schema_fragments, validate_message
 
-from .harness import tls_knock
+from ..harness import tls_knock
 
 
 def test_kernel_info(kernel):

@@ -11,7 +11,7 @@ import pytest
 
 from jaxsys_kernel.kernel import comm as jcomm
 
-from .harness import Kernel
+from ..harness import Kernel
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .harness import Kernel, new_tag, tagged_processes, wait_no_processes
+from ..harness import Kernel, new_tag, tagged_processes, wait_no_processes
 
 START = "%jaxsys start --hosts 2 --devices-per-host 1"
 

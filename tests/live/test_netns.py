@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from . import netns
+from .. import netns
 
 pytestmark = pytest.mark.usefixtures("tag")
 

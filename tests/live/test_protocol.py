@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jupyter_kernel_test as jkt
 
-from .harness import TAG_VAR, new_tag, wait_no_processes
+from ..harness import TAG_VAR, new_tag, wait_no_processes
 
 
 class JaxSysProtocolTests(jkt.KernelTests):

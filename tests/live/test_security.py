@@ -26,9 +26,9 @@ from jaxsys_kernel import Cluster, ClusterStartError
 from jaxsys_kernel.cluster.audit import audit
 from jaxsys_kernel.cluster.pki import ClusterPKI, PKIError, peer_certificate_serial
 
-from . import netns
-from .harness import run_on as run
-from .harness import tls_knock
+from .. import netns
+from ..harness import run_on as run
+from ..harness import tls_knock
 
 SUM_CELL = """
 import jax, numpy as np

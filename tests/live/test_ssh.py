@@ -16,8 +16,8 @@ import pytest
 from jaxsys_kernel import Cluster
 from jaxsys_kernel._ranges import parse_procs
 
-from . import netns, sshd
-from .harness import run_on
+from .. import netns, sshd
+from ..harness import run_on
 
 SUM_CELL = """
 import jax, numpy as np

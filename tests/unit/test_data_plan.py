@@ -11,8 +11,6 @@ import itertools
 import json
 import math
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from jaxsys_kernel.data.planner import (
 )
 from jaxsys_kernel.engine.simulate import FakeNamedSharding, fake_devices, fake_mesh
 
-STATIC = Path(__file__).parent.parent / "jaxsys_kernel" / "widgets" / "static"
+STATIC = Path(__file__).parents[2] / "jaxsys_kernel" / "widgets" / "static"
 
 
 def sharding(n_dev, per_proc, mesh_shape, names, spec, order=None):
@@ -360,20 +358,6 @@ def test_front_end_reads_the_python_trait_names():
     assert set(re.findall(r'"(\w+)"', listed)) == synced
     for name in synced:
         assert f'model.get("{name}")' in js
-
-
-def test_kernel_side_plans_never_import_jax():
-    code = (
-        "import sys\n"
-        "from jaxsys_kernel.data import plan\n"
-        "from jaxsys_kernel.widgets import DataPlanView\n"
-        "from jaxsys_kernel.engine.simulate import FakeNamedSharding, fake_devices, fake_mesh\n"
-        "m = fake_mesh(fake_devices(4, 2), (4,), ('b',))\n"
-        "DataPlanView(plan((8, 2), FakeNamedSharding(m, ('b',))).summary())\n"
-        "bad = [m for m in ('jax', 'grain', 'jaxsys_kernel.data.load') if m in sys.modules]\n"
-        "assert not bad, bad\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_bytes_shares_are_exact_for_any_process_count():

@@ -175,24 +175,6 @@ def test_interleaved_noise_leaves_no_empty_line():
     assert "".join(out) == "[p0] real\n[p0] \n[p0] kept empty line above\n[p0] total 6.0\n"
 
 
-def test_stale_profiles_are_removed(tmp_path):
-    import subprocess
-    import sys
-
-    from jaxsys_kernel.cluster.profile import make_profile, remove_stale_profiles
-
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    stale = tmp_path / f"jaxsys-profile-{dead.stdout.strip()}-abc"
-    stale.mkdir()
-    mine = make_profile(tmp_path)
-    assert not stale.exists()
-    assert mine.exists() and (mine / "ipengine_config.py").exists()
-    assert oct(mine.stat().st_mode & 0o777) == "0o700"
-    assert remove_stale_profiles(tmp_path) == []
-
-
 def test_gloo_chatter_is_dropped_even_when_split():
     from jaxsys_kernel.cells import NATIVE_NOISE
 

@@ -1,0 +1,150 @@
+"""The jaxsys command line: install-kernel, run, cluster start|status|stop, lab."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ..harness import write_notebook
+
+ROOT = Path(__file__).parents[2]
+JAXSYS = [sys.executable, "-m", "jaxsys_kernel.cli"]
+
+
+def jaxsys(*args, env=None, timeout=180):
+    return subprocess.run(
+        [*JAXSYS, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_install_kernel_into_prefix(tmp_path):
+    r = jaxsys("install-kernel", "--prefix", str(tmp_path), "--hosts", "3")
+    assert r.returncode == 0, r.stderr
+    spec = json.loads((tmp_path / "share/jupyter/kernels/jaxsys/kernel.json").read_text())
+    assert spec["argv"][0] == sys.executable
+    assert spec["argv"][1:3] == ["-m", "jaxsys_kernel"]
+    assert spec["env"]["JAXSYS_HOSTS"] == "3"
+    assert spec["interrupt_mode"] == "signal"
+
+
+def test_run_failing_notebook_exits_1_and_names_the_cell(tag, tmp_path):
+    path = tmp_path / "bad.ipynb"
+    write_notebook(
+        path,
+        [
+            "%jaxsys start --hosts 2 --devices-per-host 1",
+            "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise KeyError('broken-cell')",
+            "print('never reached')",
+        ],
+    )
+    r = jaxsys("run", str(path), "--output", str(tmp_path / "out.ipynb"))
+    assert r.returncode == 1
+    assert "broken-cell" in r.stderr and "KeyError on p1" in r.stderr
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert out.cells[1].outputs and not out.cells[2].get("outputs")
+
+
+def test_run_missing_notebook():
+    r = jaxsys("run", "/no/such/notebook.ipynb")
+    assert r.returncode == 2 and "no such notebook" in r.stderr
+
+
+def test_cluster_start_status_stop(tag, tmp_path):
+    env = dict(os.environ, JAXSYS_STATE_DIR=str(tmp_path))
+    try:
+        r = jaxsys("cluster", "start", "--hosts", "2", "--devices-per-host", "1", env=env)
+        assert r.returncode == 0, r.stderr
+        assert "ready: 2 processes" in r.stdout
+        r = jaxsys("cluster", "status", env=env)
+        assert r.returncode == 0, r.stdout
+        lines = r.stdout.splitlines()
+        assert "ready" in lines[0]
+        assert [ln.split()[0] for ln in lines[2:]] == ["0", "1"]
+        state = json.loads((tmp_path / "default.json").read_text())
+        # A script can drive the cluster through its ipyparallel connection file.
+        import ipyparallel as ipp
+
+        client = ipp.Client(state["connection_file"])
+        try:
+            assert sorted(client.ids) == [0, 1]
+        finally:
+            client.close()
+        r = jaxsys("cluster", "start", "--hosts", "2", env=env)
+        assert r.returncode == 1 and "already running" in r.stderr
+    finally:
+        r = jaxsys("cluster", "stop", env=env)
+    assert r.returncode == 0 and "stopped" in r.stdout
+    assert jaxsys("cluster", "status", env=env).returncode == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_lab_serves_the_kernel_and_the_notebooks(tag, tmp_path):
+    port = _free_port()
+    token = "jaxsys-test-token"
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+    )
+    proc = subprocess.Popen(
+        [
+            *JAXSYS,
+            "lab",
+            "--notebook-dir",
+            str(ROOT / "notebooks"),
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+
+    def get(path):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read()
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status, body = get("/api/kernelspecs")
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError(
+                        f"JupyterLab did not come up: {proc.stderr.read1().decode()[-2000:]}"
+                    ) from None
+                time.sleep(0.3)
+        specs = json.loads(body)["kernelspecs"]
+        assert "jaxsys" in specs
+        assert specs["jaxsys"]["spec"]["interrupt_mode"] == "signal"
+        status, body = get("/api/contents/00-quickstart.ipynb")
+        assert status == 200 and json.loads(body)["name"] == "00-quickstart.ipynb"
+        status, body = get("/lab")
+        assert status == 200 and b"JupyterLab" in body
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=20)
+
