@@ -69,8 +69,11 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         Persistent compilation cache directory for every process; by default
         ``$JAX_COMPILATION_CACHE_DIR`` or one per user and jaxlib version
         (:func:`~jaxsys_kernel.cluster.config.default_cache_dir`); ``"none"`` for no cache.
-    register_timeout, init_timeout : float
-        Seconds allowed for engines to register and for ``jax.distributed.initialize``.
+    register_timeout : float, optional
+        Seconds allowed for every engine to register; by default it grows with the number
+        of processes (:func:`~jaxsys_kernel.cluster.config.default_register_timeout`).
+    init_timeout : float
+        Seconds allowed for ``jax.distributed.initialize``.
     env : mapping, optional
         Extra environment variables for every process.
     process_env : mapping of int to mapping, optional
@@ -124,7 +127,7 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         launcher: str = "local",
         *,
         cache_dir: str | None = None,
-        register_timeout: float = 60.0,
+        register_timeout: float | None = None,
         init_timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
         process_env: Mapping[int, Mapping[str, str]] | None = None,

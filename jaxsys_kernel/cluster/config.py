@@ -22,6 +22,17 @@ SHARE_REFUSED = (
     "compile for themselves. See docs/compilation-cache.md."
 )
 
+# The registration deadline when none is given: engines boot one after another on a busy
+# machine (on 2 cores the first of 64 registers after 9-12 s and the last after about
+# 25 s), so a fixed deadline that suits 4 processes fails at 64. See docs/scale.md.
+REGISTER_BASE_S = 60.0
+REGISTER_PER_PROCESS_S = 0.5
+
+
+def default_register_timeout(nprocs: int) -> float:
+    """Seconds allowed for ``nprocs`` engines to register: 60 s plus 0.5 s per process."""
+    return REGISTER_BASE_S + REGISTER_PER_PROCESS_S * nprocs
+
 
 @dataclass
 class ClusterConfig:
@@ -40,7 +51,7 @@ class ClusterConfig:
     devices_per_host: int = 2
     launcher: str = DEFAULT
     cache_dir: str | None = None
-    register_timeout: float = 60.0
+    register_timeout: float | None = None
     init_timeout: float = 60.0
     env: Mapping[str, str] | None = None
     process_env: Mapping[int, Mapping[str, str]] | None = None
@@ -61,6 +72,13 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         self.kind = launcher_class(self.launcher)
         self._check_hosts()
+        if self.register_timeout is None:
+            self.register_timeout = default_register_timeout(self.nprocs)
+        elif self.register_timeout <= 0:
+            raise ConfigError(
+                f"register_timeout must be positive seconds, got {self.register_timeout}; "
+                "leave it unset to let it grow with the number of processes"
+            )
         if self.devices_per_host < 1:
             raise ConfigError(f"devices_per_host must be at least 1, got {self.devices_per_host}")
         self.env = dict(self.env or {})
