@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from .. import _compat
+from .. import _compat, _ranges
 from ..engine import bootstrap
 from . import security
 from .profile import controller_file, engine_file, make_profile
@@ -24,6 +24,10 @@ from .teardown import sub_launchers
 ERROR_GATHER_S = 1.0
 # Seconds every engine gets to describe itself after registering.
 IDENTIFY_TIMEOUT_S = 30.0
+# Seconds the registered engines get to say which rank they serve when others are missing.
+MISSING_ASK_S = 5.0
+# Missing processes whose output a registration timeout shows.
+MISSING_SHOWN = 3
 _POLL_S = 0.05
 
 
@@ -169,11 +173,44 @@ async def wait_registered(
         if problem:
             raise ClusterStartError(problem)
         if time.monotonic() > deadline:
-            raise ClusterStartError(
-                f"only {k} of {n} engines registered within {world.config.register_timeout:g} s; "
-                f"the engine logs are in {world.profile}/log"
-            )
+            raise ClusterStartError(await _registration_timeout(world, new, n))
         await asyncio.sleep(_POLL_S)
+
+
+async def _missing_ranks(world, engine_ids: list[int]) -> list[int]:
+    """The ranks no registered engine serves, asking the engines (their ids as a fallback)."""
+    served: set[int] = set()
+    if engine_ids:
+        try:
+            ar = world.client[engine_ids].apply_async(bootstrap.describe_process)
+            infos = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=MISSING_ASK_S)
+            served = {info["rank"] for info in infos}
+        except Exception:  # noqa: BLE001 - an engine id is rank's stand-in when they cannot say
+            # Engines ask the hub for engine id == rank, which it grants on a first start.
+            served = set(engine_ids)
+    return [r for r in world.ranks if r not in served]
+
+
+async def _registration_timeout(world, engine_ids: list[int], n: int) -> str:
+    """The message for a registration deadline that passed: who is missing, and their output."""
+    head = (
+        f"only {len(engine_ids)} of {n} engines registered within "
+        f"{world.config.register_timeout:g} s"
+    )
+    if n != world.config.nprocs:
+        return f"{head}; the engine logs are in {world.profile}/log"
+    missing = await _missing_ranks(world, engine_ids)
+    lines = [f"{head}; missing: process {_ranges.format_procs(missing, prefix='')}"]
+    for r in missing[:MISSING_SHOWN]:
+        es = world.launcher.engine_set(r)
+        tail = "".join(output_tail(sub) for sub in sub_launchers(es)) if es is not None else ""
+        if tail:
+            lines.append(f"process {r}'s output ends with:\n{tail}")
+    lines.append(
+        f"The engine logs are in {world.profile}/log. On a loaded machine give more time "
+        "(register_timeout) or fewer processes."
+    )
+    return "\n".join(lines)
 
 
 async def identify(
