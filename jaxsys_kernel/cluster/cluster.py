@@ -379,15 +379,18 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         return [self.processes[r].engine_id for r in ranks]
 
     def status(self) -> list[dict]:
-        """Describe every process: rank, engine, pid, host, devices and state.
+        """Describe every process: rank, engine, pid, host, devices, state and memory.
 
         Returns
         -------
         list of dict
-            One dict per process, in rank order.
+            One dict per process, in rank order; ``rss`` is its resident memory in bytes
+            when it runs on this machine (else None).
         """
+        from ..telemetry.memory import local_rss
+
         self.refresh_states()
-        return [p.to_dict() for p in self.processes]
+        return [{**p.to_dict(), "rss": local_rss(p.host, p.pid)} for p in self.processes]
 
     def refresh_states(self) -> None:
         """Mark processes whose engine has gone away as ``dead``."""

@@ -27,7 +27,9 @@ from .boundary import usage_errors
 
 def format_status(rows: list[dict]) -> str:
     """Render ``Cluster.status()`` rows as an aligned text table."""
-    header = ["process", "engine", "pid", "host", "devices", "state"]
+    from ..telemetry.memory import format_bytes, memory_line
+
+    header = ["process", "engine", "pid", "host", "devices", "state", "memory"]
     body = [
         [
             str(r["rank"]),
@@ -36,6 +38,7 @@ def format_status(rows: list[dict]) -> str:
             r["host"] or "-",
             ",".join(map(str, r["devices"])) or "-",
             r["state"],
+            format_bytes(r.get("rss")),
         ]
         for r in rows
     ]
@@ -44,7 +47,8 @@ def format_status(rows: list[dict]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in [header, *body]
     ]
-    return "\n".join(lines)
+    summary = memory_line([r.get("rss") for r in rows])
+    return "\n".join([*lines, summary] if summary else lines)
 
 
 # -- the actions ------------------------------------------------------------------------------
