@@ -312,7 +312,7 @@ def test_palettes_agree():
         body = re.search(r"const PALETTE = \[(.*?)\];", js, re.S).group(1)
         return re.findall(r'"(#[0-9a-f]{6})"', body)
 
-    views = palette((STATIC / "views.js").read_text())
+    views = palette((STATIC / "shared.js").read_text())
     plan_js = palette((STATIC / "dataplan.js").read_text())
     assert views == plan_js == draw.PALETTE
 

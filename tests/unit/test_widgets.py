@@ -23,6 +23,7 @@ from jaxsys_kernel.widgets import (
     LiveDevicesView,
     MeshView,
     ShardingView,
+    esm,
     view_for,
 )
 from jaxsys_kernel.widgets import views as views_module
@@ -81,29 +82,50 @@ def test_sharding_view_state(sharding):
     assert ShardingView().get_state()["selected_process"] is None
 
 
-def test_esm_and_css_are_the_shipped_files(mesh):
-    js = (STATIC / "views.js").read_text()
+VIEW_FILES = ((MeshView, "mesh"), (ShardingView, "sharding"), (CacheView, "cache"),
+              (LiveDevicesView, "live"))  # fmt: skip
+
+
+def test_each_view_ships_its_own_module_with_the_shared_one_inlined():
     css = (STATIC / "views.css").read_text()
-    assert js.strip() and css.strip()
-    for cls in (MeshView, ShardingView, CacheView, LiveDevicesView):
-        state = cls().get_state()
-        assert state["_esm"] == js and state["_css"] == css
+    shared = (STATIC / "shared.js").read_text()
+    assert css.strip() and "export function mount(" in shared
+    for cls, name in VIEW_FILES:
+        own = (STATIC / f"{name}.js").read_text()
+        esm = cls().get_state()["_esm"]
+        assert cls().get_state()["_css"] == css
+        # The view's own code follows the shared module, whose import line it replaces.
+        assert esm.index(shared) < esm.index(own.split('from "./shared.js";\n', 1)[1])
+        assert '} from "./shared.js";' not in esm and esm.count("export default") == 1
+    assert not (STATIC / "views.js").exists()
+
+
+def test_a_view_module_must_import_shared_names_on_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(esm, "STATIC", tmp_path)
+    (tmp_path / "shared.js").write_text("export function h() {}\n")
+    (tmp_path / "a.js").write_text('import { h } from "./shared.js";\nexport default {};\n')
+    (tmp_path / "b.js").write_text('import { nope } from "./shared.js";\nexport default {};\n')
+    (tmp_path / "c.js").write_text("export default {};\n")
+    esm.view_module.cache_clear()
+    try:
+        assert esm.view_module("a").startswith("// ---- shared.js, inlined\nexport function h")
+        with pytest.raises(ValueError, match=r"imports \['nope'\], which shared.js lacks"):
+            esm.view_module("b")
+        with pytest.raises(ValueError, match="exactly one line"):
+            esm.view_module("c")
+    finally:
+        esm.view_module.cache_clear()
 
 
 def test_front_end_reads_the_python_trait_names():
-    js = (STATIC / "views.js").read_text()
-    for cls, kind in (
-        (MeshView, "mesh"),
-        (ShardingView, "sharding"),
-        (CacheView, "cache"),
-        (LiveDevicesView, "live"),
-    ):
+    for cls, kind in VIEW_FILES:
+        js = (STATIC / f"{kind}.js").read_text()
         synced = {
             name
             for name in cls.class_trait_names(sync=True)
             if not name.startswith("_") and name not in ("layout", "tabbable", "tooltip")
         }
-        m = re.search(rf"{kind}: \{{ draw: \w+, traits: \[([^\]]*)\]", js)
+        m = re.search(rf'const VIEW = \{{ kind: "{kind}", draw: \w+, traits: \[([^\]]*)\]', js)
         assert m, kind
         assert set(re.findall(r'"(\w+)"', m.group(1))) == synced, kind
         assert cls().get_state()["_view_kind"] == kind
