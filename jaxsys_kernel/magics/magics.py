@@ -57,7 +57,6 @@ def action_help_transformer(lines: list[str]) -> list[str]:
 action_help_transformer.has_side_effects = False
 
 
-@magics_class
 def cell_options(args) -> dict:
     """The ``run_cell`` keywords from a parsed ``%%multihost`` line."""
     return {
@@ -71,6 +70,7 @@ def cell_options(args) -> dict:
     }
 
 
+@magics_class
 class JaxSysMagics(Magics):
     """The magics of the jaxsys kernel; each parses its arguments and calls the session."""
 
