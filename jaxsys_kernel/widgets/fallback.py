@@ -1,37 +1,32 @@
-"""Static renderings of the views, for where widgets do not run.
+"""Static forms of the views, for where widgets do not run.
 
-GitHub, nbconvert and terminals show a saved notebook's ``text/html`` and ``text/plain``
-outputs but never run the views' JavaScript. Each view therefore also puts in its mime
-bundle an HTML rendering of the same picture (inline SVG for the mesh and the sharding,
-tables for the cache and liveness) and a short text summary. Process colours are those of
-the live views (:data:`jaxsys_kernel.data.draw.PALETTE`).
+A saved notebook is read in places that never run the views' JavaScript: JupyterLab and
+Notebook 7 when the notebook is not trusted, ``jupyter nbconvert --to html``, GitHub, terminals.
+Each view therefore puts in its mime bundle, beside the widget, the form of its picture that
+survives there: the mesh and the sharding as ``image/png`` (the one picture format all of them
+show; see :mod:`.raster`), the cache and liveness tables as plain ``text/html`` tables (which
+every sanitizer keeps), and always a readable ``text/plain``. Picture views carry no
+``text/html``: an untrusted notebook prefers HTML to PNG, and its sanitizer would strip an SVG
+down to run-together labels. Process colours are those of the live views
+(:data:`jaxsys_kernel.data.draw.PALETTE`).
 
 This module never imports JAX.
 """
 
 from __future__ import annotations
 
+import base64
 from html import escape
 
-from ..data.draw import format_ids, process_colour
+from ..data.draw import format_ids
 from ..telemetry.schema import transfer_counts_text
-
-# Largest SVG cell grid drawn; bigger meshes and layouts are summarised in text only.
-MAX_CELLS = 4096
-CELL = 44.0
+from . import pictures
+from .raster import Canvas
 
 
-def _svg(width: float, height: float, body: list[str], title: str) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'font-family="sans-serif" font-size="10"><title>{escape(title)}</title>'
-        + "".join(body)
-        + "</svg>"
-    )
-
-
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
+def png_bundle(picture: Canvas, text: str) -> dict[str, str]:
+    """A picture and its text as a mime bundle: base64 ``image/png`` and ``text/plain``."""
+    return {"image/png": base64.b64encode(picture.png()).decode("ascii"), "text/plain": text}
 
 
 # -- mesh ---------------------------------------------------------------------------------
@@ -58,47 +53,11 @@ def mesh_text(info: dict) -> str:
     )
 
 
-def _mesh_grid(info: dict) -> tuple[int, int]:
-    shape = info["shape"] or [1]
-    cols = shape[-1]
-    rows = 1
-    for n in shape[:-1]:
-        rows *= n
-    return rows, cols
-
-
-def mesh_svg(info: dict) -> str:
-    """The mesh as a grid of device cells coloured by process (leading axes stacked).
-
-    Parameters
-    ----------
-    info : dict
-        A MeshInfo dict; meshes of more than :data:`MAX_CELLS` devices get text instead.
-
-    Returns
-    -------
-    str
-        HTML: a ``<figure>`` holding an inline SVG and a caption.
-    """
+def mesh_bundle(info: dict) -> dict[str, str]:
+    """The mesh's static forms: its picture as PNG and :func:`mesh_text`."""
     if not info:
-        return "<p>empty mesh</p>"
-    rows, cols = _mesh_grid(info)
-    if rows * cols > MAX_CELLS:
-        return f"<pre>{escape(mesh_text(info))}</pre>"
-    body = []
-    for i, (dev, proc) in enumerate(zip(info["devices"], info["process"], strict=True)):
-        x, y = (i % cols) * CELL, (i // cols) * CELL
-        body.append(
-            f'<rect x="{x + 1:.0f}" y="{y + 1:.0f}" width="{CELL - 2:.0f}" '
-            f'height="{CELL - 2:.0f}" fill="{process_colour(proc)}" stroke="#333"/>'
-            f'<text x="{x + CELL / 2:.0f}" y="{y + CELL / 2 - 2:.0f}" text-anchor="middle">'
-            f"d{dev}</text>"
-            f'<text x="{x + CELL / 2:.0f}" y="{y + CELL / 2 + 10:.0f}" text-anchor="middle">'
-            f"p{proc}</text>"
-        )
-    axes = " x ".join(info["axis_names"])
-    svg = _svg(cols * CELL, rows * CELL, body, mesh_text(info))
-    return _figure(svg, f"mesh {axes}: rows run over the leading axes, columns over the last")
+        return {"text/plain": mesh_text(info)}
+    return png_bundle(pictures.mesh_picture(info), mesh_text(info))
 
 
 # -- sharding -----------------------------------------------------------------------------
@@ -137,64 +96,11 @@ def _block_index(block: dict) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in block["index"]) + "]"
 
 
-def sharding_svg(info: dict, dims: tuple[int, int] = (0, 1)) -> str:
-    """The array's blocks on a grid (two dims), each split among the processes holding it.
-
-    Parameters
-    ----------
-    info : dict
-        A ShardingInfo dict; merged (aggregated) layouts get text instead.
-    dims : tuple of int
-        The array dims drawn as rows and columns; other dims show their first blocks.
-
-    Returns
-    -------
-    str
-        HTML: a ``<figure>`` holding an inline SVG and a caption.
-    """
+def sharding_bundle(info: dict, dims=(0, 1)) -> dict[str, str]:
+    """The sharding's static forms: its picture (dims ``dims``) as PNG and :func:`sharding_text`."""
     if not info:
-        return "<p>empty sharding</p>"
-    grid = list(info.get("grid") or info.get("tiles") or [1])
-    if len(grid) < 2:
-        grid = [*grid, 1] if grid else [1, 1]
-        dims = (0, 1)
-    r, c = dims
-    rows, cols = grid[r], grid[c]
-    if rows * cols > MAX_CELLS or info.get("aggregated"):
-        return f"<pre>{escape(sharding_text(info))}</pre>"
-    width = CELL * 1.6
-    body = []
-    for b in info.get("blocks", []):
-        cell = list(b["cell"]) + [0, 0]
-        # Blocks along the dims not drawn: only the first ones, as in the live view.
-        if any(cell[d] != 0 for d in range(len(b["cell"])) if d not in (r, c)):
-            continue
-        x, y = cell[c] * width, cell[r] * CELL
-        procs = b["addressable_by"] or [None]
-        share = (width - 2) / len(procs)
-        for k, p in enumerate(procs):
-            fill = "#ddd" if p is None else process_colour(p)
-            body.append(
-                f'<rect x="{x + 1 + k * share:.1f}" y="{y + 1:.0f}" width="{share:.1f}" '
-                f'height="{CELL - 2:.0f}" fill="{fill}"/>'
-            )
-        devices = format_ids(sorted({h[0] for h in b["holders"]}), "d")
-        body.append(
-            f'<rect x="{x + 1:.0f}" y="{y + 1:.0f}" width="{width - 2:.0f}" '
-            f'height="{CELL - 2:.0f}" fill="none" stroke="#333"/>'
-            f'<text x="{x + width / 2:.0f}" y="{y + CELL / 2 - 2:.0f}" text-anchor="middle">'
-            f"{escape(devices)}</text>"
-            f'<text x="{x + width / 2:.0f}" y="{y + CELL / 2 + 10:.0f}" text-anchor="middle">'
-            f"{escape(format_ids(b['addressable_by']))}"
-            + (f" x{b['replicas']}" if b["replicas"] > 1 else "")
-            + "</text>"
-        )
-    svg = _svg(cols * width, rows * CELL, body, sharding_text(info).splitlines()[0])
-    caption = (
-        f"{info.get('spec_repr') or ''} shape {tuple(info['shape'])}: dims {r} (rows) and "
-        f"{c} (columns); colours are processes"
-    )
-    return _figure(svg, caption)
+        return {"text/plain": sharding_text(info)}
+    return png_bundle(pictures.sharding_picture(info, dims), sharding_text(info))
 
 
 # -- tables -------------------------------------------------------------------------------
@@ -283,3 +189,18 @@ def live_text(liveness: list[dict], log: list[str]) -> str:
     """The liveness table and the newest log lines, as text."""
     table = _text_table(*_live_table(liveness)) if liveness else "<no processes>"
     return "\n".join([table, *log[-10:]])
+
+
+def dashboard_bundle(mesh: dict, sharding: dict, dims, stats: list[dict], liveness, log) -> dict:
+    """The dashboard's static forms: one PNG of the four parts and their texts.
+
+    The mesh and the sharding are drawn side by side, the cache and liveness tables below
+    them as text; all in one picture, because a bundle shows one form where it is read.
+    """
+    top = [pictures.mesh_picture(mesh)] if mesh else []
+    top += [pictures.sharding_picture(sharding, dims)] if sharding else []
+    tables = [cache_text(stats), live_text(liveness, log)]
+    rows = [top] if top else []
+    rows += [[pictures.text_picture(t)] for t in tables]
+    text = "\n\n".join([mesh_text(mesh), sharding_text(sharding), *tables])
+    return png_bundle(pictures.stack(rows), text)

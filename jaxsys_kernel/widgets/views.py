@@ -56,18 +56,23 @@ class _View(anywidget.AnyWidget):
     _css = _STATIC / "views.css"
     _view_kind = traitlets.Unicode("").tag(sync=True)
 
-    def static(self) -> tuple[str, str]:
-        """The view as ``(html, text)`` for where widgets do not run (see ``fallback``)."""
+    def static(self) -> dict[str, str]:
+        """The view's static forms as a mime bundle, for where widgets do not run.
+
+        See :mod:`.fallback` for which forms survive where.
+        """
         raise NotImplementedError
 
     def _repr_mimebundle_(self, **kwargs: Any):
-        return _with_static(super()._repr_mimebundle_(**kwargs), *self.static())
+        return _with_static(super()._repr_mimebundle_(**kwargs), self.static())
 
 
-def _with_static(bundle: Any, html: str, text: str) -> tuple[dict, dict]:
-    """A widget's mime bundle with the static rendering added beside the widget view."""
+def _with_static(bundle: Any, static: dict[str, str]) -> tuple[dict, dict]:
+    """A widget's mime bundle with the static forms beside the widget view (they replace
+    any text anywidget put there)."""
     data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
-    return {**data, "text/html": html, "text/plain": text}, metadata
+    widget = {k: v for k, v in data.items() if not k.startswith("text/")}
+    return {**widget, **static}, metadata
 
 
 class MeshView(_View):
@@ -103,9 +108,9 @@ class MeshView(_View):
     def _valid_info(self, proposal: Any) -> dict:
         return _check_kind(proposal["value"], "mesh", "MeshView")
 
-    def static(self) -> tuple[str, str]:
-        """The mesh as an SVG grid and a one-line summary."""
-        return fallback.mesh_svg(self.info), fallback.mesh_text(self.info)
+    def static(self) -> dict[str, str]:
+        """The mesh as a PNG grid and a one-line summary."""
+        return fallback.mesh_bundle(self.info)
 
     def update(self, info: dict) -> None:
         """Show another mesh (one comm message).
@@ -162,10 +167,9 @@ class ShardingView(_View):
     def _valid_info(self, proposal: Any) -> dict:
         return _check_kind(proposal["value"], "sharding", "ShardingView")
 
-    def static(self) -> tuple[str, str]:
-        """The layout as an SVG grid of blocks and a short summary."""
-        r, c = self.dims
-        return fallback.sharding_svg(self.info, (r, c)), fallback.sharding_text(self.info)
+    def static(self) -> dict[str, str]:
+        """The layout as a PNG grid of blocks and a short summary."""
+        return fallback.sharding_bundle(self.info, tuple(self.dims))
 
     @traitlets.validate("dims")
     def _valid_dims(self, proposal: Any) -> list[int]:
@@ -222,9 +226,12 @@ class CacheView(_View):
     def __init__(self, stats: Iterable[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(stats=[_plain(s) for s in stats or ()], **kwargs)
 
-    def static(self) -> tuple[str, str]:
+    def static(self) -> dict[str, str]:
         """The statistics as an HTML and a text table."""
-        return fallback.cache_html(self.stats), fallback.cache_text(self.stats)
+        return {
+            "text/html": fallback.cache_html(self.stats),
+            "text/plain": fallback.cache_text(self.stats),
+        }
 
     def update(self, stats: Iterable[Any]) -> None:
         """Replace the statistics (one comm message).
@@ -293,12 +300,12 @@ class LiveDevicesView(_View):
             **kwargs,
         )
 
-    def static(self) -> tuple[str, str]:
+    def static(self) -> dict[str, str]:
         """The liveness table and the newest log lines, as HTML and text."""
-        return (
-            fallback.live_html(self.liveness, self.event_log),
-            fallback.live_text(self.liveness, self.event_log),
-        )
+        return {
+            "text/html": fallback.live_html(self.liveness, self.event_log),
+            "text/plain": fallback.live_text(self.liveness, self.event_log),
+        }
 
     def update(
         self,
@@ -387,10 +394,15 @@ class Dashboard(ipywidgets.GridBox):
         )
 
     def _repr_mimebundle_(self, **kwargs: Any):
-        parts = [v.static() for v in (self.mesh, self.sharding, self.cache, self.live)]
-        html = "".join(f"<div>{h}</div>" for h, _ in parts)
-        text = "\n\n".join(t for _, t in parts)
-        return _with_static(super()._repr_mimebundle_(**kwargs), html, text)
+        static = fallback.dashboard_bundle(
+            self.mesh.info,
+            self.sharding.info,
+            tuple(self.sharding.dims),
+            self.cache.stats,
+            self.live.liveness,
+            self.live.event_log,
+        )
+        return _with_static(super()._repr_mimebundle_(**kwargs), static)
 
     def update(
         self,

@@ -1,17 +1,21 @@
-"""The views' static renderings: every view's mime bundle carries HTML (SVG for the mesh and
-the sharding) and a text summary of the same picture, for GitHub, nbconvert and terminals."""
+"""The views' static forms: the mesh and the sharding carry a PNG picture (what untrusted
+Lab, nbconvert and GitHub all show) and a text summary; the tables carry HTML and text."""
 
 from __future__ import annotations
 
-import re
-import xml.etree.ElementTree as ET
+import base64
+import struct
+import zlib
+
+import numpy as np
+import pytest
 
 from jaxsys_kernel.data.draw import process_colour
 from jaxsys_kernel.engine.simulate import FakeNamedSharding
 from jaxsys_kernel.engine.summaries import fake_devices, fake_mesh, mesh_info, sharding_info
 from jaxsys_kernel.widgets import CacheView, Dashboard, LiveDevicesView, MeshView, ShardingView
-
-SVG = "{http://www.w3.org/2000/svg}"
+from jaxsys_kernel.widgets.pictures import mesh_caption, sharding_caption
+from jaxsys_kernel.widgets.raster import rgb
 
 
 def bundle(view) -> dict:
@@ -20,45 +24,89 @@ def bundle(view) -> dict:
     return data
 
 
-def svg_of(html: str) -> ET.Element:
-    return ET.fromstring(re.search(r"<svg.*</svg>", html, re.S).group(0))
+def decode_png(b64: str) -> np.ndarray:
+    """The pixels of an 8-bit RGB PNG as written by the views (height x width x 3)."""
+    raw = base64.b64decode(b64)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height, depth, colour = struct.unpack(">IIBB", raw[16:26])
+    assert (depth, colour) == (8, 2)
+    idat, i = b"", 8
+    while i < len(raw):
+        (n,) = struct.unpack(">I", raw[i : i + 4])
+        if raw[i + 4 : i + 8] == b"IDAT":
+            idat += raw[i + 8 : i + 8 + n]
+        i += 12 + n
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + width * 3)
+    assert not rows[:, 0].any()  # filter type 0 on every row
+    return rows[:, 1:].reshape(height, width, 3)
+
+
+def colour_count(pixels: np.ndarray, colour: str) -> int:
+    return int(np.all(pixels == np.array(rgb(colour), np.uint8), axis=-1).sum())
 
 
 def mesh():
     return fake_mesh(fake_devices(8, 2), (4, 2), ("x", "y"))
 
 
-def test_mesh_svg_has_one_cell_per_device_in_its_process_colour():
+def test_mesh_is_a_png_grid_in_its_process_colours_and_a_text_line():
     data = bundle(MeshView(mesh_info(mesh())))
+    assert "text/html" not in data  # an untrusted notebook would prefer it to the picture
     assert data["text/plain"].startswith("Mesh(x=4, y=2): 8 devices of processes p0-3")
-    root = svg_of(data["text/html"])
-    cells = root.findall(f"{SVG}rect")
-    assert len(cells) == 8
-    texts = [t.text for t in root.findall(f"{SVG}text")]
-    assert texts[:4] == ["d0", "p0", "d1", "p0"] and texts[-2:] == ["d7", "p3"]
-    assert [c.get("fill") for c in cells] == [process_colour(p) for p in [0, 0, 1, 1, 2, 2, 3, 3]]
-    # A 4 x 2 mesh: four rows of two.
-    assert float(root.get("height")) == 2 * float(root.get("width"))
+    pixels = decode_png(data["image/png"])
+    areas = [colour_count(pixels, process_colour(p)) for p in range(4)]
+    # Two cells per process, of equal size; no fifth colour.
+    assert min(areas) > 2 * 40 * 40 and max(areas) - min(areas) < 0.05 * max(areas), areas
+    assert colour_count(pixels, process_colour(4)) == 0
+    assert mesh_caption(mesh_info(mesh()))[1] == "rows: x · columns: y"
 
 
-def test_sharding_svg_draws_each_block_with_its_processes():
-    info = sharding_info((FakeNamedSharding(mesh(), ("x", None)), (8, 6)))
+def test_sharding_png_is_sized_to_its_blocks():
+    m = fake_mesh(fake_devices(16, 4), (4, 4), ("x", "y"))
+    info = sharding_info((FakeNamedSharding(m, ("x", "y")), (4, 4)), dtype="float32")
     data = bundle(ShardingView(info))
-    text = data["text/plain"]
-    assert "P('x', None) over shape (8, 6): 4 blocks of shape (2, 6), x2 replicated" in text
-    assert "[0:2, 0:6] on d0-1 (p0)" in text
-    root = svg_of(data["text/html"])
-    texts = [t.text for t in root.findall(f"{SVG}text")]
-    assert texts == ["d0-1", "p0 x2", "d2-3", "p1 x2", "d4-5", "p2 x2", "d6-7", "p3 x2"]
-    fills = [r.get("fill") for r in root.findall(f"{SVG}rect") if r.get("fill") != "none"]
-    assert fills == [process_colour(p) for p in range(4)]
+    assert "text/html" not in data
+    pixels = decode_png(data["image/png"])
+    height, width, _ = pixels.shape
+    # 16 blocks of 96 x 52 plus three caption lines and a legend: not a 480-pixel poster.
+    assert height < 340 and width < 600, pixels.shape
+    for p in range(4):  # each process's row of four blocks, most of it its colour
+        assert colour_count(pixels, process_colour(p)) > 0.7 * 4 * 96 * 52
+    assert sharding_caption(info)[2] == "rows: dim 0 (4) · columns: dim 1 (4)"
 
 
 def test_a_block_held_by_two_processes_is_split_between_their_colours():
     info = sharding_info((FakeNamedSharding(mesh(), (None, "y")), (8, 6)))
-    root = svg_of(bundle(ShardingView(info))["text/html"])
-    fills = [r.get("fill") for r in root.findall(f"{SVG}rect") if r.get("fill") != "none"]
-    assert fills == [process_colour(p) for p in range(4)] * 2  # two blocks, four processes
+    pixels = decode_png(bundle(ShardingView(info))["image/png"])
+    areas = [colour_count(pixels, process_colour(p)) for p in range(4)]
+    assert min(areas) > 0.5 * max(areas) > 0, areas  # two blocks, each striped by four
+
+
+@pytest.mark.parametrize(
+    "shape,spec,dims,want",
+    [
+        ((), (), (0, 1), "a scalar: one value, held by 8 devices on 4 processes"),
+        ((8,), ("x",), (0, 1), "dim 0 (8) across"),
+        ((8, 6), ("x", None), (0, 1), "rows: dim 0 (8) · columns: dim 1 (6)"),
+        ((8, 6, 4), ("x", None, "y"), (2, 0), "rows: dim 2 (4) · columns: dim 0 (8) · dims 1: "
+         "first block shown"),
+    ],
+)  # fmt: skip
+def test_captions_are_right_for_every_rank(shape, spec, dims, want):
+    info = sharding_info((FakeNamedSharding(mesh(), spec), shape), dtype="float32")
+    lines = sharding_caption(info, dims)
+    assert lines[-1] == want
+    assert lines[0].startswith(f"float32[{', '.join(map(str, shape))}]")
+    assert not any("dims 0 and 1" in line for line in lines)
+    decode_png(bundle(ShardingView(info, dims=dims))["image/png"])
+
+
+def test_a_replicated_scalar_on_thousands_of_devices_keeps_its_label_inside():
+    big = fake_mesh(fake_devices(4098, 2049), (4098,), ("x",))
+    info = sharding_info((FakeNamedSharding(big, ()), ()), dtype="float32")
+    pixels = decode_png(bundle(ShardingView(info))["image/png"])
+    # The one block is 120 px wide; its label is "d0-4097" (7 characters of 12 px).
+    assert pixels.shape[1] < 700 and "2049,4096" not in bundle(ShardingView(info))["text/plain"]
 
 
 def test_cache_and_liveness_tables():
@@ -109,10 +157,14 @@ def test_empty_views_say_so():
     assert bundle(CacheView())["text/plain"] == "<no cache statistics>"
 
 
-def test_dashboard_carries_all_four_pictures():
+def test_dashboard_carries_all_four_parts_in_one_picture():
     dash = Dashboard(mesh=mesh_info(mesh()), cache=[{"rank": 0, "requests": 1, "hits": 1}])
     data, _ = dash._repr_mimebundle_()
-    assert data["text/html"].count("<svg") == 1 and "<table>" in data["text/html"]
+    assert "text/html" not in data
+    pixels = decode_png(data["image/png"])
+    assert all(colour_count(pixels, process_colour(p)) > 0 for p in range(4))
+    alone = decode_png(bundle(MeshView(mesh_info(mesh())))["image/png"])
+    assert pixels.shape[0] > alone.shape[0]  # the tables are drawn below the mesh
     assert (
         data["text/plain"].startswith("Mesh(x=4, y=2)") and "<empty sharding>" in data["text/plain"]
     )
