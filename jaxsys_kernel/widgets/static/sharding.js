@@ -20,6 +20,34 @@ export function displayDims(ndim, dims) {
   return [r, c];
 }
 
+// The size a drawn block would like: room for a device label, a process label and a badge.
+const BLOCK_W = 96;
+const BLOCK_H = 52;
+// Rows of blocks are never squeezed below this (unless there are too many to fit at all).
+const MIN_BLOCK_H = 30;
+const MAX_W = 760;
+const MAX_H = 480;
+
+/**
+ * The drawing's size in pixels: as big as its blocks need, not as big as the output area.
+ * The width gives each of the C columns of blocks BLOCK_W (within [120, min(room, MAX_W)]);
+ * the height follows the array's proportions, kept between MIN_BLOCK_H and BLOCK_H per row
+ * of blocks, so a 4 x 4 array fully split is 384 x 208, not a 760 x 480 poster.
+ * @param {number} R rows of blocks
+ * @param {number} C columns of blocks
+ * @param {number | null} rowsN elements along the row dim (null: one row, a 1-D or 0-D array)
+ * @param {number} colsN elements along the column dim
+ * @param {number} room pixels available
+ * @returns {[number, number]} [width, height]
+ */
+export function plotSize(R, C, rowsN, colsN, room) {
+  const W = Math.round(Math.max(120, Math.min(C * BLOCK_W, room, MAX_W)));
+  if (rowsN === null) return [W, BLOCK_H];
+  const wanted = (W * rowsN) / colsN;
+  const H = Math.max(R * MIN_BLOCK_H, Math.min(R * BLOCK_H, wanted));
+  return [W, Math.round(Math.max(48, Math.min(MAX_H, H)))];
+}
+
 /**
  * Label for the devices of a block: "d3", "d0,4", "d0-7 (8)".
  * @param {any} block
@@ -37,7 +65,7 @@ function deviceLabel(block) {
  * @param {number} w
  */
 function fitLabel(full, short, w) {
-  const room = (w - 8) / 6.5; // about 6.5 px per character at 11 px
+  const room = (w - 8) / 7; // about 7 px per character at 12 px
   if (full.length <= room) return full;
   return short.length <= room ? short : "";
 }
@@ -124,12 +152,8 @@ function renderSharding(model, root) {
   const colEdges = cd === null ? [0, 1] : info.edges[cd];
   const R = rowEdges.length - 1;
   const C = colEdges.length - 1;
-  const W = Math.max(160, Math.min(widthOf(root) - 60, 760));
-  const rowsN = rd === null ? 1 : shape[rd] || 1;
-  const colsN = cd === null ? 1 : shape[cd] || 1;
-  let H;
-  if (rd === null) H = cd === null ? 80 : 64;
-  else H = Math.max(48, Math.min(480, Math.max((W * rowsN) / colsN, Math.min(R * 34, 480))));
+  const [W, H] = plotSize(R, C, rd === null ? null : shape[rd] || 1,
+    cd === null ? 1 : shape[cd] || 1, widthOf(root) - 60);
   const span = (/** @type {number[]} */ e) => (e[e.length - 1] - e[0]) || 1;
   const xAt = (/** @type {number} */ v) => ((v - colEdges[0]) / span(colEdges)) * W;
   const yAt = (/** @type {number} */ v) => ((v - rowEdges[0]) / span(rowEdges)) * H;

@@ -5,7 +5,7 @@
 //
 // Each view is its own ES module (mesh.js, sharding.js, cache.js, live.js) that imports
 // from this one. There is no build step: when Python loads a view, it replaces the view's one
-// `import ... from "./shared.js"` line by this file's text (see `views.py`), so every widget's
+// `import ... from "./shared.js"` line by this file's text (see `esm.py`), so every widget's
 // `_esm` is a single self-contained module. anywidget loads `_esm` from a blob or data URL,
 // which has no base URL to resolve "./shared.js" against, and the same widget state must
 // load in JupyterLab, Notebook 7 and an nbconvert page alike; a self-contained module needs
