@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from .._ranges import format_procs
 from ..contract import SUMMARY_MIME
 from ..errors import CellError
+from . import grouping
 from .sink import Sink
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# Engines number their cells independently, so "Cell In[7]" on one is "Cell In[9]" on another.
-_CELL_NUMBER = re.compile(r"In\[\d+\]")
 # How long processes get to report after an interrupt or a timeout before the cell ends.
 INTERRUPT_GRACE = 3.0
 FAILED = ("error", "dead")
 
 
-def strip_ansi(text: str) -> str:
-    """Remove terminal colour codes."""
-    return _ANSI.sub("", text)
+strip_ansi = grouping.strip_ansi
 
 
 def traceback_lines(tb) -> list[str]:
@@ -29,11 +24,7 @@ def traceback_lines(tb) -> list[str]:
     ipyparallel's ``RemoteError.traceback`` is a single string; the kernel protocol's
     ``error`` messages carry a list.
     """
-    if not tb:
-        return []
-    if isinstance(tb, str):
-        return tb.splitlines()
-    return [str(line) for line in tb]
+    return grouping.lines_of(tb)
 
 
 @dataclass
@@ -83,6 +74,14 @@ class CellRun:
         return [r for r in self.procs if self.results[r].status in FAILED]
 
 
+def notebook_cell_number() -> int | None:
+    """The number the notebook shows for the cell running now, or None outside IPython."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return getattr(shell, "execution_count", None) if shell is not None else None
+
+
 class MultihostError(CellError):
     """One or more processes raised; tracebacks are grouped when identical.
 
@@ -92,23 +91,35 @@ class MultihostError(CellError):
         What every process did.
     """
 
+    #: After a hang report, show the interrupted processes' tracebacks in full
+    #: (``%%multihost --verbose``).
+    verbose = False
+
     def __init__(self, run: CellRun, summary: str):
         super().__init__(summary)
         self.run = run
+        self.cell_number = notebook_cell_number()
 
     def _render_traceback_(self) -> list[str]:
-        return render_errors(self.run) + [str(self)]
+        lines = render_errors(self.run, cell_number=self.cell_number, verbose=self.verbose)
+        return lines + [str(self)]
 
 
 class MultihostInterrupt(KeyboardInterrupt):
     """The cell was interrupted; the message names the processes that were signalled."""
 
+    verbose = False
+
     def __init__(self, run: CellRun, summary: str):
         super().__init__(summary)
         self.run = run
+        self.cell_number = notebook_cell_number()
 
     def _render_traceback_(self) -> list[str]:
-        return render_errors(self.run, include_interrupts=False) + [f"KeyboardInterrupt: {self}"]
+        lines = render_errors(
+            self.run, include_interrupts=False, cell_number=self.cell_number, verbose=self.verbose
+        )
+        return lines + [f"KeyboardInterrupt: {self}"]
 
 
 class MultihostTimeout(MultihostError):
@@ -119,43 +130,67 @@ class MultihostHang(MultihostError):
     """Some processes failed while the others kept running past the grace period."""
 
 
+def _errors(run: CellRun, ranks=None) -> dict[int, dict]:
+    return {
+        r: run.results[r].error
+        for r in run.procs
+        if run.results[r].error is not None and (ranks is None or r in ranks)
+    }
+
+
 def group_errors(run: CellRun) -> list[tuple[list[int], dict]]:
-    """Group processes whose tracebacks are identical once colours are removed.
+    """Group processes whose errors differ at most in their message's numbers.
 
     Returns
     -------
     list of (ranks, error)
-        One entry per distinct traceback, in order of the lowest rank.
+        One entry per distinct error, in order of the lowest rank (see
+        :func:`jaxsys_kernel.cells.grouping.group`).
     """
-    groups: dict[str, tuple[list[int], dict]] = {}
-    for r in run.procs:
-        err = run.results[r].error
-        if err is None:
-            continue
-        text = "\n".join(traceback_lines(err.get("traceback")))
-        key = _CELL_NUMBER.sub("In[]", strip_ansi(text)) or (
-            f"{err.get('ename')}: {err.get('evalue')}"
-        )
-        groups.setdefault(key, ([], err))[0].append(r)
-    return list(groups.values())
+    return [(g.ranks, g.error) for g in grouping.group(_errors(run))]
 
 
-def render_errors(run: CellRun, include_interrupts: bool = True) -> list[str]:
-    """Traceback lines for a cell's errors, one block per distinct traceback."""
+def render_errors(
+    run: CellRun,
+    include_interrupts: bool = True,
+    *,
+    cell_number: int | None = None,
+    verbose: bool = False,
+) -> list[str]:
+    """Traceback lines for a cell's errors, one block per group of processes.
+
+    Parameters
+    ----------
+    run : CellRun
+        The cell's outcome.
+    include_interrupts : bool
+        Show ``KeyboardInterrupt`` errors (the stop button's are left out: the message
+        says who was interrupted).
+    cell_number : int, optional
+        The notebook's number of the cell, for the running cell's frames.
+    verbose : bool
+        After a hang report, show the interrupted processes' tracebacks in full rather
+        than one line each.
+    """
+    folded = set(run.stuck) if run.hang and not verbose else set()
     lines: list[str] = []
-    for ranks, err in group_errors(run):
-        if not include_interrupts and err.get("ename") == "KeyboardInterrupt":
+    for g in grouping.group(_errors(run, set(run.procs) - folded)):
+        if not include_interrupts and g.ename == "KeyboardInterrupt":
             continue
-        lines.append(f"[{format_procs(ranks)}] {err.get('ename')}: {err.get('evalue')}")
-        lines.extend(traceback_lines(err.get("traceback")))
-        lines.append("")
+        lines += [*grouping.render_group(g, cell_number), ""]
+    stuck = grouping.group(_errors(run, folded))
+    for g in stuck:
+        lines.append(grouping.folded(g))
+    if stuck:
+        lines += ["  (%%multihost --verbose shows these tracebacks in full)", ""]
     return lines
 
 
-def _kinds(run: CellRun) -> str:
-    return ", ".join(
-        f"{err.get('ename')} on {format_procs(ranks)}" for ranks, err in group_errors(run)
-    )
+def _kinds(run: CellRun, ranks=None) -> str:
+    by_name: dict[str, list[int]] = {}
+    for g in grouping.group(_errors(run, ranks)):
+        by_name.setdefault(g.ename, []).extend(g.ranks)
+    return ", ".join(f"{name} on {format_procs(rs)}" for name, rs in by_name.items())
 
 
 def interrupt_summary(run: CellRun) -> str:
@@ -191,8 +226,8 @@ def _failure_message(run: CellRun) -> str:
     if run.hang_action == "interrupt" and unstopped:
         done += f", but {format_procs(unstopped)} did not stop within {INTERRUPT_GRACE:g} s"
     return (
-        f"{_kinds(run)}; {format_procs(run.stuck)} kept running (waiting for the failed "
-        f"process, most likely in a collective) and were {done}"
+        f"{_kinds(run, set(run.procs) - set(run.stuck))}; {format_procs(run.stuck)} kept "
+        f"running (waiting for the failed process, most likely in a collective) and were {done}"
     )
 
 

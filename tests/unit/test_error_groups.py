@@ -1,0 +1,154 @@
+"""Errors of many processes read as few: grouped, values tabled, cells numbered as shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxsys_kernel.cells import MultihostError, MultihostTimeout, raise_for_run, render_errors
+from jaxsys_kernel.cells.grouping import group, innermost_cell_line, renumber, table
+from jaxsys_kernel.cells.result import CellRun, ProcResult
+
+RED, RESET = "\x1b[0;31m", "\x1b[0m"
+
+
+def tb(message: str, cell: int = 5, line: int = 3, source: str = "raise ValueError(msg)"):
+    """An engine's traceback, coloured as IPython colours it."""
+    return [
+        f"{RED}---------------------------------------------------------------------------{RESET}",
+        f"{RED}ValueError{RESET}                                Traceback (most recent call last)",
+        f"Cell {RED}In[{cell}]{RESET}, line {line}",
+        f"{RED}----> {line}{RESET} {source}",
+        "",
+        f"{RED}ValueError{RESET}: {message}",
+    ]
+
+
+def err(message: str, ename: str = "ValueError", **kw) -> dict:
+    return {"ename": ename, "evalue": message, "traceback": tb(message, **kw)}
+
+
+def run_of(errors: dict[int, dict], procs=None, **kw) -> CellRun:
+    procs = list(procs if procs is not None else errors)
+    results = {r: ProcResult(r, "ok") for r in procs}
+    for r, e in errors.items():
+        results[r] = ProcResult(r, "error", error=e)
+    return CellRun(procs=procs, results=results, **kw)
+
+
+def test_errors_differing_in_a_number_are_one_group_with_a_table():
+    run = run_of(
+        {3: err("bad shard on device 6144"), 7: err("bad shard on device 14336")}, procs=range(8)
+    )
+    text = "\n".join(render_errors(run))
+    assert text.count("Traceback (most recent call last)") == 1
+    assert "[p3,7] ValueError: bad shard on device <device>" in text
+    assert "  device: 6144 on p3, 14336 on p7" in text
+    # The one traceback shown does not claim one process's value for the group.
+    assert "6144\n" not in text.split("device: ")[1] and "bad shard on device 14336" not in text
+    with pytest.raises(MultihostError, match=r"2 of 8 processes failed: ValueError on p3,7$"):
+        raise_for_run(run)
+
+
+def test_sixteen_processes_make_one_traceback_and_a_table_of_rows():
+    run = run_of({r: err(f"bad shard on device {1024 * r}") for r in range(16)})
+    lines = render_errors(run)
+    assert sum("Traceback" in line for line in lines) == 1
+    assert lines[1].split() == ["process", "device"]
+    assert lines[2].split() == ["p0", "0"] and lines[17].split() == ["p15", "15360"]
+
+
+def test_identical_errors_have_no_table():
+    (g,) = group({0: err("boom 3"), 1: err("boom 3")})
+    assert g.ranks == [0, 1] and g.labels == [] and table(g) == []
+
+
+def test_different_lines_or_types_stay_apart():
+    groups = group(
+        {
+            0: err("bad 1", line=3),
+            1: err("bad 2", line=4),
+            2: err("bad 3", ename="TypeError"),
+        }
+    )
+    assert [g.ranks for g in groups] == [[0], [1], [2]]
+
+
+def test_two_differing_numbers_get_their_own_names():
+    (g,) = group(
+        {
+            0: err("shape (2, 8) on host 0"),
+            1: err("shape (2, 8) on host 1"),
+            2: err("shape (4, 8) on host 2"),
+        }
+    )
+    assert g.labels == ["shape", "host"]
+    assert g.message() == "shape (<shape>, 8) on host <host>"
+    assert table(g) == ["  shape: 2 on p0, 2 on p1, 4 on p2; host: 0 on p0, 1 on p1, 2 on p2"]
+
+
+def test_the_running_cell_gets_the_notebooks_number():
+    lines = ["Cell In[3], line 2", "Cell In[1], line 7, in helper()"]
+    assert renumber(lines, 4) == [
+        "Cell In[4], line 2",
+        "Cell In[earlier cell], line 7, in helper()",
+    ]
+    assert renumber(lines, None) == lines
+
+
+def test_rendered_errors_say_the_notebooks_cell_number():
+    run = run_of({0: err("x", cell=3), 1: err("x", cell=9)})
+    text = "\n".join(render_errors(run, cell_number=4))
+    assert f"Cell {RED}In[4]{RESET}" in text and "In[3]" not in text and "In[9]" not in text
+
+
+def interrupted_run(verbose_source="time.sleep(30)") -> CellRun:
+    kb = {
+        "ename": "KeyboardInterrupt",
+        "evalue": "",
+        "traceback": [
+            "KeyboardInterrupt                         Traceback (most recent call last)",
+            "Cell In[2], line 6",
+            f"----> 6 {verbose_source}",
+            "File .../jax/_src/array.py:640, in _value",
+            '--> 640 raise RuntimeError("Fetching value for non-addressable")',
+            "KeyboardInterrupt: ",
+        ],
+    }
+    gloo = {
+        "ename": "XlaRuntimeError",
+        "evalue": "DEADLINE_EXCEEDED: gloo timed out",
+        "traceback": ["XlaRuntimeError: DEADLINE_EXCEEDED: gloo timed out"] * 30,
+    }
+    return run_of(
+        {1: kb, 2: kb, 3: gloo},
+        procs=range(4),
+        hang="timeout",
+        stuck=[1, 2, 3],
+        timed_out=True,
+        seconds=3.0,
+    )
+
+
+def test_after_a_hang_report_interrupt_tracebacks_fold_to_a_line_each():
+    run = interrupted_run()
+    lines = render_errors(run)
+    assert lines[0] == "[p1-2] interrupted at line 6: time.sleep(30) (KeyboardInterrupt)"
+    assert lines[1].startswith("[p3] interrupted (then XlaRuntimeError: DEADLINE_EXCEEDED")
+    assert not any("non-addressable" in line or "Traceback" in line for line in lines)
+    assert "" not in lines[:3]  # no empty line between the folded lines
+
+
+def test_verbose_shows_the_interrupt_tracebacks():
+    run = interrupted_run()
+    text = "\n".join(render_errors(run, verbose=True))
+    assert "non-addressable" in text and text.count("Traceback") == 1
+    with pytest.raises(MultihostTimeout) as info:
+        raise_for_run(run)
+    assert "non-addressable" not in "\n".join(info.value._render_traceback_())
+    info.value.verbose = True
+    assert "non-addressable" in "\n".join(info.value._render_traceback_())
+
+
+def test_innermost_cell_line():
+    assert innermost_cell_line(tb("x", line=3)) == "line 3: raise ValueError(msg)"
+    assert innermost_cell_line(["no cell here"]) is None
