@@ -24,6 +24,7 @@ from IPython.core.magic import (
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
+from ..cells import MultihostError, MultihostInterrupt
 from . import actions
 from .actions import JAXSYS_ACTIONS, format_status
 from .actions_args import bounded, expand, seconds, split
@@ -135,6 +136,11 @@ class JaxSysMagics(Magics):
         action="store_true",
         help="run the cell under jax.thread_guard: multi-process JAX operations from other threads fail",
     )
+    @argument(
+        "--verbose",
+        action="store_true",
+        help="after a hang report, show the interrupted processes' tracebacks in full",
+    )
     @argument("mode", nargs="?", choices=("on", "off"), help="line form only: SPMD mode on or off")
     @no_var_expand
     @line_cell_magic
@@ -193,7 +199,11 @@ class JaxSysMagics(Magics):
             )
         if not cell.strip():
             return None
-        return self.session.run_cell(cell, args.procs, **cell_options(args))
+        try:
+            return self.session.run_cell(cell, args.procs, **cell_options(args))
+        except (MultihostError, MultihostInterrupt) as e:
+            e.verbose = args.verbose
+            raise
 
     def _switch_spmd(self, mode: str | None) -> None:
         """``%multihost on|off``, or say which mode is on."""
