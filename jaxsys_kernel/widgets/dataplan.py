@@ -4,8 +4,8 @@ It draws a ``dataplan`` summary (:meth:`jaxsys_kernel.data.planner.DataPlan.summ
 an engine): the batch split into its devices' blocks, each coloured by the processes that
 read it, in the colours the sharding view gives processes; then, per process, the slices it
 reads and a bar of its bytes. Clicking a process highlights what it reads. The mime bundle
-also carries the plan as SVG (``text/html``) and as a table (``text/plain``), so a saved
-notebook shows it where widgets do not render.
+also carries the plan as a PNG picture (``image/png``, see :mod:`.fallback` for why) and as a
+table (``text/plain``), so a saved notebook shows it where widgets do not render.
 
 This module never imports JAX.
 """
@@ -18,7 +18,9 @@ from typing import Any
 import anywidget
 import traitlets
 
-from ..data.draw import plan_svg, plan_text
+from ..data.draw import plan_text
+from .fallback import png_bundle
+from .pictures import dataplan_picture
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -73,7 +75,7 @@ class DataPlanView(anywidget.AnyWidget):
     def _repr_mimebundle_(self, **kwargs: Any):
         bundle = super()._repr_mimebundle_(**kwargs)
         data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
-        data = {**data, "text/plain": self.text()}
+        data = {k: v for k, v in data.items() if not k.startswith("text/")}
         if self.info:
-            data["text/html"] = plan_svg(self.info)
-        return data, metadata
+            return {**data, **png_bundle(dataplan_picture(self.info), self.text())}, metadata
+        return {**data, "text/plain": self.text()}, metadata

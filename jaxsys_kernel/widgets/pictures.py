@@ -9,7 +9,7 @@ This module never imports JAX.
 
 from __future__ import annotations
 
-from ..data.draw import format_ids, process_colour
+from ..data.draw import format_ids, plan_text, process_colour
 from .raster import CHAR_H, CHAR_W, LINE_H, Canvas, fit, text_width
 
 MARGIN = 6
@@ -253,6 +253,59 @@ def _block_labels(canvas: Canvas, b: dict, x: float, y: float, w: float, h: floa
     shown = [t for t in shown if t][: max(0, int((h - 4) // step))]
     for i, t in enumerate(shown):
         canvas.text(x + w / 2, y + h / 2 + (i - (len(shown) - 1) / 2) * step, t, centre=True)
+
+
+# -- data plan ----------------------------------------------------------------------------
+
+PLAN_W = 320
+
+
+def _plan_box(index: list, shape: list, rows: list, cols: list, w: float, h: float):
+    """Pixel box of an index range of the batch (dims 0 and 1 drawn, else dim 0 across)."""
+    if len(shape) >= 2:
+        (r0, r1), (c0, c1) = index[0], index[1]
+    else:
+        (r0, r1), (c0, c1) = (0, 1), (index[0] if shape else (0, 1))
+    sr, sc = (rows[-1] - rows[0]) or 1, (cols[-1] - cols[0]) or 1
+    return c0 / sc * w, r0 / sr * h, (c1 - c0) / sc * w, (r1 - r0) / sr * h
+
+
+def dataplan_picture(s: dict) -> Canvas:
+    """A data-loading plan: the batch's blocks coloured by their readers, then its table.
+
+    Parameters
+    ----------
+    s : dict
+        A ``dataplan`` summary (:meth:`jaxsys_kernel.data.planner.DataPlan.summary`).
+
+    Returns
+    -------
+    Canvas
+    """
+    shape, edges = list(s["shape"]), s["edges"]
+    rows = edges[0] if len(shape) >= 2 else [0, 1]
+    cols = edges[1] if len(shape) >= 2 else (edges[0] if shape else [0, 1])
+    w = PLAN_W
+    h = BLOCK_H if len(shape) < 2 else max(BLOCK_H, min(w * (shape[0] or 1) / (shape[1] or 1), 240))
+    text = plan_text(s).splitlines()
+    what = "rows: dim 0 · columns: dim 1" if len(shape) >= 2 else "dim 0 across"
+    canvas, top = _canvas([text[0], f"{what} · colours: the processes that read each block"],
+                          w, h, True)  # fmt: skip
+    for b in s["blocks"]:
+        if any(a for a, _ in b["index"][2:]):
+            continue  # only the first block along the dims not drawn
+        x, y, bw, bh = _plan_box(b["index"], shape, rows, cols, w, h)
+        x, y = x + MARGIN, y + top
+        readers = b["readers"][:4] or [None]
+        for k, p in enumerate(readers):
+            fill = "#dddddd" if p is None else process_colour(p)
+            canvas.box(x + bw * k / len(readers), y, bw / len(readers) + 1, bh, fill=fill)
+        canvas.box(x, y, bw + 1, bh + 1, edge=EDGE)
+        label = format_ids(b["readers"])
+        if text_width(label) <= bw - 4 and bh >= CHAR_H + 2:
+            canvas.text(x + bw / 2, y + bh / 2, label, centre=True)
+    _legend(canvas, MARGIN, canvas.height - LINE_H - MARGIN + 4, [p["process"] for p in s["processes"]])
+    return stack([[canvas], [text_picture("\n".join(text[1:]))]], gap=0)
 
 
 # -- several at once ----------------------------------------------------------------------
