@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import contract
+from . import contract, saved
 from ._version import __version__
 from .cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
 from .cluster.launchers import launcher_names
@@ -118,7 +118,8 @@ def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: fl
         client.execute()
     finally:
         if output:
-            nbformat.write(nb, output)
+            # Saved as Lab saves (no widget state): readers then show the views' pictures.
+            nbformat.write(saved.for_readers(nb, saved.kernelspec_of("jaxsys")), output)
     return nb
 
 
