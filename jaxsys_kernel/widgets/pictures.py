@@ -90,7 +90,9 @@ def _panels(info: dict) -> tuple[int, int, list[str]]:
     cols = shape[-1] if shape else 1
     labels = [""]
     for a in range(len(shape) - 2):
-        labels = [f"{lab}{', ' * bool(lab)}{names[a]}={i}" for lab in labels for i in range(shape[a])]
+        labels = [
+            f"{lab}{', ' * bool(lab)}{names[a]}={i}" for lab in labels for i in range(shape[a])
+        ]
     return rows, cols, labels
 
 
@@ -304,7 +306,9 @@ def dataplan_picture(s: dict) -> Canvas:
         label = format_ids(b["readers"])
         if text_width(label) <= bw - 4 and bh >= CHAR_H + 2:
             canvas.text(x + bw / 2, y + bh / 2, label, centre=True)
-    _legend(canvas, MARGIN, canvas.height - LINE_H - MARGIN + 4, [p["process"] for p in s["processes"]])
+    _legend(
+        canvas, MARGIN, canvas.height - LINE_H - MARGIN + 4, [p["process"] for p in s["processes"]]
+    )
     return stack([[canvas], [text_picture("\n".join(text[1:]))]], gap=0)
 
 

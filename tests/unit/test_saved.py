@@ -14,7 +14,9 @@ SPEC = {"display_name": "jaxsys (multi-host JAX)", "language": "python", "name":
 
 def executed(nbformat_minor: int = 5) -> nbformat.NotebookNode:
     """A notebook as nbclient leaves it: a view's output and the widgets' state."""
-    data, _ = MeshView(mesh_info(fake_mesh(fake_devices(4, 2), (2, 2), ("x", "y"))))._repr_mimebundle_()
+    data, _ = MeshView(
+        mesh_info(fake_mesh(fake_devices(4, 2), (2, 2), ("x", "y")))
+    )._repr_mimebundle_()
     nb = nbformat.v4.new_notebook()
     nb.nbformat_minor = nbformat_minor
     cell = nbformat.v4.new_code_cell("mesh", execution_count=1)
