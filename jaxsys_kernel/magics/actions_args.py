@@ -8,7 +8,9 @@ line never surfaces as a ``ValueError`` from deep inside the standard library.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+from collections.abc import Iterable, Sequence
 
 from IPython.core.error import UsageError
 from IPython.utils.process import arg_split
@@ -123,3 +125,52 @@ def rank(text: str) -> int:
         return int(text.removeprefix("p"))
     except ValueError:
         raise UsageError(f"expected a process number such as 2, got {text!r}") from None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``; did you mean 'status'?`` for the closest of ``choices`` to ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def known_options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string ``parser`` takes (``--timeout``, ``--procs``, ...)."""
+    return [s for a in parser._actions for s in a.option_strings]
+
+
+def check_options(parser: argparse.ArgumentParser, words: Sequence[str], magic: str) -> None:
+    """Refuse an option ``parser`` does not take before argparse reads the line.
+
+    argparse would otherwise take the mistyped option's value for a positional argument
+    and complain about that (``--timout 5``: "invalid choice: '5'"), which hides the typo.
+    A unique prefix of an option (``--time``) is still accepted, as argparse accepts it.
+
+    Raises
+    ------
+    UsageError
+        Naming the option, the closest one the magic takes, and where the options are listed.
+    """
+    options = known_options(parser)
+    for word in words:
+        if word == "--":
+            return
+        if not word.startswith("--"):
+            continue
+        flag = word.split("=", 1)[0]
+        starting = [o for o in options if o.startswith(flag)]
+        if flag in options or len(starting) == 1:
+            continue
+        if starting:
+            raise UsageError(
+                f"{magic}: {flag} could be {' or '.join(starting)}; write the option in full"
+            )
+        raise UsageError(
+            f"{magic} has no option {flag}{did_you_mean(flag, options)} "
+            f"({magic}? lists its options)"
+        )
+
+
+def parse(parser: argparse.ArgumentParser, words: list[str], magic: str) -> argparse.Namespace:
+    """Parse a magic's words, with a did-you-mean for a mistyped option."""
+    check_options(parser, words, magic)
+    return parser.parse_args(words)

@@ -13,7 +13,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import contract
-from .actions_args import count, seconds
+from .actions_args import count, did_you_mean, known_options, seconds
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class Action:
 
     @property
     def summary(self) -> str:
-        """The first line of the action's docstring."""
-        return self.doc.splitlines()[0]
+        """The first line of the action's docstring, as plain text."""
+        return plain_text(self.doc.splitlines()[0])
 
     @property
     def doc(self) -> str:
@@ -60,7 +60,7 @@ class Action:
             lines.append(f"{name} : {kind}" if kind else name)
             lines.append(textwrap.indent(textwrap.fill(a.help or "", 84), "    "))
         lines += ["", "Examples", "--------" + examples.rstrip()]
-        return "\n".join(lines)
+        return plain_text("\n".join(lines))
 
     def parse(self, argv: list[str]) -> argparse.Namespace:
         """Parse this action's words; anything it does not take is a UsageError naming
@@ -75,6 +75,8 @@ class Action:
             word = extra[0]
             flag = word.split("=", 1)[0]
             bad = f"does not take {flag}" if flag.startswith("-") else f"got an extra {word!r}"
+            if flag.startswith("-"):
+                bad += did_you_mean(flag, known_options(self.parser))
             takes = ", ".join(self.options())
             raise UsageError(
                 f"%jaxsys {self.name} {bad}; "
@@ -150,7 +152,30 @@ def overview(actions: Iterable[Action]) -> str:
         "    %jaxsys help start",
         "    %jaxsys stop",
     ]
-    return "\n".join(lines)
+    return plain_text("\n".join(lines))
+
+
+# reST a reader should not see: ``code``, `code`, :role:`target`, and a "::" that
+# announces a literal block.
+_ROLE = re.compile(r":[\w:]+:`([^`]*)`")
+_CODE = re.compile(r"``([^`]+)``|`([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Help as a notebook shows it: the docstrings' reST markup removed, layout kept."""
+    text = _ROLE.sub(lambda m: m.group(1).split("<")[-1].rstrip(">").lstrip("~"), text)
+    text = _CODE.sub(lambda m: m.group(1) or m.group(2), text)
+    out: list[str] = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == "::":
+            if i + 1 < len(lines) and not lines[i + 1].strip():
+                lines[i + 1] = "\0"  # the blank line after it goes too
+            continue
+        if line == "\0":
+            continue
+        out.append(line[:-1] if line.endswith("::") else line)
+    return "\n".join(out)
 
 
 def _wrap_usage(usage: str, width: int) -> list[str]:
