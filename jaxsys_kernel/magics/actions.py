@@ -17,7 +17,7 @@ from IPython.display import publish_display_data
 
 from .. import contract
 from . import actions_help
-from .actions_args import env_pairs, rank, seconds, split
+from .actions_args import did_you_mean, env_pairs, rank, seconds, split
 from .actions_cache import cache
 from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
@@ -414,8 +414,9 @@ def lookup(name: str) -> Action:
     found = ACTIONS.get(name)
     if found is None:
         choices = ", ".join(repr(n) for n in (*JAXSYS_ACTIONS, "help"))
+        hint = did_you_mean(name, (*JAXSYS_ACTIONS, "help"))
         raise UsageError(
-            f"argument action: invalid choice: {name!r} (choose from {choices}); "
+            f"argument action: invalid choice: {name!r}{hint} (choose from {choices}); "
             "%jaxsys? lists them"
         )
     return found

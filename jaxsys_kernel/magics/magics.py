@@ -27,7 +27,7 @@ from .._ranges import format_procs
 from ..cells import MultihostError, MultihostInterrupt
 from . import actions
 from .actions import JAXSYS_ACTIONS, format_status
-from .actions_args import bounded, expand, seconds, split
+from .actions_args import bounded, expand, parse, seconds, split
 from .actions_args import env_pairs as _env_pairs
 from .session import MultihostSession
 
@@ -190,7 +190,7 @@ class JaxSysMagics(Magics):
 
             %multihost on
         """
-        args = self.multihost.parser.parse_args(split(self._line(line, "%multihost")))
+        args = parse(self.multihost.parser, split(self._line(line, "%multihost")), "%%multihost")
         if cell is None:
             return self._switch_spmd(args.mode)
         if args.mode is not None:
@@ -262,7 +262,7 @@ class JaxSysMagics(Magics):
             %pull x              # x from process 0, as numpy
             %pull losses --proc 2
         """
-        args = self.pull.parser.parse_args(split(self._line(line, "%pull", expand_vars=False)))
+        args = parse(self.pull.parser, split(self._line(line, "%pull", expand_vars=False)), "%pull")
         value = self.session.pull(args.name, args.proc)
         self.shell.user_ns[args.name] = value
         shape = getattr(value, "shape", None)
