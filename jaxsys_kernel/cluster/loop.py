@@ -39,7 +39,7 @@ class AsyncFirst:
     ----------
     progress : callable, optional
         Called with each :class:`ProgressEvent`, on the thread that called the method.
-        Defaults to a progress bar on stderr.
+        Defaults to a progress line on stdout.
     """
 
     def __init__(self, progress: Callable[[ProgressEvent], None] | None = None):
@@ -150,13 +150,17 @@ def _blocking_twin(name: str, func: Callable[..., Coroutine]) -> Callable[..., A
     return twin
 
 
-# -- the default progress display: one tqdm line per stage, on stderr ------------------------
+# -- the default progress display: one tqdm line per stage, on stdout ------------------------
+# Progress is not an error: on stderr a notebook would paint it as one. Each stage is one line
+# that tqdm rewrites in place (a carriage return, which notebooks honour too).
 
 _bars: dict[str, Any] = {}
 
 
 def default_progress(event: ProgressEvent) -> None:
-    """Show a progress event as a one-line bar on stderr (one bar per stage)."""
+    """Show a progress event as one line on stdout, updated in place (one line per stage)."""
+    import sys
+
     from tqdm.std import tqdm
 
     bar = _bars.get(event.stage)
@@ -168,6 +172,7 @@ def default_progress(event: ProgressEvent) -> None:
             desc=event.stage,
             bar_format="{desc} {n}/{total} [{elapsed}]",
             mininterval=0,
+            file=sys.stdout,
         )
     elif bar.n != event.done:
         bar.n = event.done
