@@ -87,7 +87,7 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         rejoin. Without it, one death takes every process down.
     progress : callable, optional
         Called with a :class:`ProgressEvent` for every step of a long wait, on the thread
-        that called the method. Defaults to a progress bar on stderr.
+        that called the method. Defaults to a progress line on stdout.
     secure : bool
         Mutual TLS for JAX's coordination service (certificates from a per-cluster CA, with
         ``verify_secure_credentials`` so a misconfiguration fails loudly) and CurveZMQ for

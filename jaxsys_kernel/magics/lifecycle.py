@@ -86,7 +86,6 @@ class Lifecycle:
             f"jaxsys: {cluster.nprocs} processes x {cluster.devices_per_host} devices ready in "
             f"{cluster.ready_seconds:.1f} s (coordinator {cluster.coordinator_address})\n"
             f"security: {cluster.security}",
-            file=sys.stderr,
         )
         return cluster
 
@@ -194,7 +193,6 @@ class Lifecycle:
             print(
                 f"jaxsys: the coordination service now presents the rotated certificate "
                 f"(serial {rotation['serial']:#x}), {_duration(took)} after rotate-certs.",
-                file=sys.stderr,
             )
         elif rotation["gave_up"]:
             print(

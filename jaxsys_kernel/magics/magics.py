@@ -10,7 +10,6 @@ Each magic is a thin parser: it bounds and splits its line and calls the session
 from __future__ import annotations
 
 import re
-import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import (
@@ -268,4 +267,4 @@ class JaxSysMagics(Magics):
         shape = getattr(value, "shape", None)
         dtype = getattr(value, "dtype", None)
         desc = type(value).__name__ + (f" {dtype} {tuple(shape)}" if shape is not None else "")
-        print(f"{args.name} <- {format_procs([args.proc])}: {desc}", file=sys.stderr)
+        print(f"{args.name} <- {format_procs([args.proc])}: {desc}")

@@ -141,7 +141,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         raise if any process failed."""
         if run.hang_action == "restart":
             took = self.restart()
-            print(f"jaxsys: JAX world restarted in {took:.1f} s", file=sys.stderr)
+            print(f"jaxsys: JAX world restarted in {took:.1f} s")
         else:
             # Processes that outlived the cell (an interrupt that could not free them) would
             # run the next cell only after this one: remember them.
