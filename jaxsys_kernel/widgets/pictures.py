@@ -244,6 +244,8 @@ def sharding_picture(info: dict, dims=(0, 1)) -> Canvas:
 
 def _block_labels(canvas: Canvas, b: dict, x: float, y: float, w: float, h: float) -> None:
     """Device and process labels, each only where it fits; else counts; else nothing."""
+    if w < 3 * CHAR_W + 6 or h < CHAR_H + 4:
+        return  # not even a count fits: the colours and the legend say it all
     lines = [_device_label(b), format_ids(b["addressable_by"])]
     shorts = [f"{b['n_holders']} dev", f"{len(b['addressable_by'])} proc"]
     if b.get("replicas", 1) > 1:

@@ -12,6 +12,7 @@ This module never imports JAX.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 
@@ -80,6 +81,7 @@ def _glyph(rows: tuple[int, ...]) -> np.ndarray:
 _GLYPHS = {c: _glyph(r) for c, r in _ROWS.items()}
 
 
+@functools.cache  # a picture uses a few colours thousands of times
 def rgb(colour: str) -> tuple[int, int, int]:
     """``#rrggbb`` or ``hsl(h, s%, l%)`` (the forms the process palette uses) as RGB bytes."""
     colour = colour.strip()
@@ -169,6 +171,6 @@ class Canvas:
         return (
             b"\x89PNG\r\n\x1a\n"
             + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9))
+            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
             + chunk(b"IEND", b"")
         )
