@@ -98,13 +98,14 @@ function renderSharding(model, root) {
     ]),
   );
   const rep = info.replicas > 1 ? `, each on ${info.replicas} devices (replicated ×${info.replicas})` : "";
-  root.append(
-    h("div", { class: "jxs-muted" }, [
-      `${info.num_blocks} distinct shard${info.num_blocks === 1 ? "" : "s"} of shape `
-        + `[${info.shard_shape.join(", ")}]${rep} · ${info.num_devices} devices on `
-        + `${info.processes.length} process${info.processes.length === 1 ? "" : "es"}`,
-    ]),
-  );
+  const held = `${info.num_devices} device${info.num_devices === 1 ? "" : "s"} on `
+    + `${info.processes.length} process${info.processes.length === 1 ? "" : "es"}`;
+  // A scalar has no shards to speak of, nor dims to draw: its one value and where it lives.
+  const what = ndim === 0
+    ? `one value${info.replicas > 1 ? `, replicated ×${info.replicas}` : ""}`
+    : `${info.num_blocks} distinct shard${info.num_blocks === 1 ? "" : "s"} of shape `
+      + `[${info.shard_shape.join(", ")}]${rep}`;
+  root.append(h("div", { class: "jxs-muted" }, [`${what} · ${held}`]));
   const others = shape.map((_, d) => d).filter((d) => d !== rd && d !== cd);
   if (others.length) {
     const parts = others.map((d) => `dim ${d}: ${info.grid[d]} block${info.grid[d] === 1 ? "" : "s"}`);
