@@ -71,12 +71,13 @@ def kernelspec_of(name: str) -> dict:
     Returns
     -------
     dict
-        Just ``{"name": name}`` when no such kernel is installed.
+        With ``name`` as its display name too when no such kernel is installed (the
+        notebook format requires both).
     """
     try:
         spec = KernelSpecManager().get_kernel_spec(name)
     except NoSuchKernel:
-        return {"name": name}
+        return {"display_name": name, "name": name}
     return {"display_name": spec.display_name, "language": spec.language, "name": name}
 
 

@@ -73,5 +73,7 @@ def test_not_a_notebook_is_refused_with_what_to_do():
         saved.for_readers(nbformat.from_dict({"nbformat": 3, "metadata": {}}))
 
 
-def test_kernelspec_of_an_unknown_kernel_is_its_name():
-    assert saved.kernelspec_of("no-such-kernel-here") == {"name": "no-such-kernel-here"}
+def test_kernelspec_of_an_unknown_kernel_is_its_name_and_still_valid():
+    spec = saved.kernelspec_of("no-such-kernel-here")
+    assert spec == {"display_name": "no-such-kernel-here", "name": "no-such-kernel-here"}
+    saved.for_readers(executed(), spec)
