@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from ..errors import EngineError
+from . import hooks
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 # Short direction names, JAX's names for them in its messages, and its config options.
@@ -248,8 +249,6 @@ def describe_thread_error(
 _installed = False
 _replacement: BaseException | None = None
 _thread_errors: list[tuple[str, BaseException]] = []
-_guard_cm = None
-_arm_next = False
 
 
 def _rank() -> int | None:
@@ -305,22 +304,13 @@ _previous_excepthook = threading.excepthook
 
 
 def _pre_run_cell(*_args) -> None:
-    global _guard_cm, _arm_next, _replacement
+    global _replacement
     _replacement = None
     _thread_errors.clear()
-    if _arm_next:
-        import jax
-
-        _arm_next = False
-        _guard_cm = jax.thread_guard(True)
-        _guard_cm.__enter__()
 
 
 def _post_run_cell(result) -> None:
-    global _guard_cm, _replacement
-    if _guard_cm is not None:
-        cm, _guard_cm = _guard_cm, None
-        cm.__exit__(None, None, None)
+    global _replacement
     if _replacement is not None and result.error_in_exec is not None:
         result.error_in_exec = _replacement
     elif _thread_errors and result.error_in_exec is None:
@@ -355,13 +345,33 @@ def install() -> bool:
     return True
 
 
-def arm_thread_guard() -> bool:
-    """Run the next cell of this process under ``jax.thread_guard(True)``."""
-    global _arm_next
+def _enter_thread_guard(_options: dict):
+    """The ``thread_guard`` cell hook: the cell runs under ``jax.thread_guard(True)``."""
+    import jax
+
     if not install():
-        return False
-    _arm_next = True
-    return True
+        raise EngineError("the thread guard needs an IPython shell to follow the cell")
+    guard = jax.thread_guard(True)
+    guard.__enter__()
+    return guard
+
+
+def _leave_thread_guard(guard, _exc: BaseException | None = None) -> None:
+    guard.__exit__(None, None, None)
+
+
+hooks.register(
+    hooks.Hook("thread_guard", _enter_thread_guard, _leave_thread_guard, _leave_thread_guard)
+)
+
+
+def arm_thread_guard() -> bool:
+    """Run the next cell of this process under ``jax.thread_guard(True)``.
+
+    For callers that send the cell themselves; the kernel's cells ask for the
+    ``thread_guard`` hook in the code they send instead (:func:`.hooks.wrap`).
+    """
+    return install() and hooks.arm_next({"thread_guard": {}})
 
 
 def on_count(callback: Callable[[dict], None] | None) -> None:
