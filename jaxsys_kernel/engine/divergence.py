@@ -1,0 +1,264 @@
+"""The divergence check's engine side: what this process dispatches, and where it is.
+
+While a cell runs with the ``divergence`` hook, this process reports to the kernel, in the
+cell's own output channel (``display_data`` of :data:`MIME`, taken off by the kernel before
+anything is shown):
+
+- ``dispatch``: every executable it runs that spans processes, in order: the function's
+  name, its abstract arguments, their shardings, the executable's fingerprint, the
+  processes its devices belong to, and the user's line that called it;
+- ``where``: every quarter second, when it changes, the cell's line the main thread is at,
+  whether it is inside JAX, and whether it is idle (no CPU time used), so that a process
+  stuck in Python can be told from one still compiling.
+
+The source is JAX's public ``jax_distributed_debug`` option: on the slow dispatch path (a
+call that missed the C++ cache, which includes every call that compiles) JAX logs each
+executable through Python logging at WARNING. A logger filter sees that record first. The
+arguments and shardings are read from the frame that logs it, a private detail of
+``jax._src.pjit`` checked against the JAX version (:func:`supported`); with another JAX
+version the check turns itself off and says so. What it cannot see: a call served by the
+C++ cache (the same function on the same argument types as before), and the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+
+from . import hooks
+
+MIME = "application/vnd.jaxsys.dispatch+json"
+# JAX versions whose slow dispatch path this module reads (jax._src.pjit).
+SUPPORTED_JAX = ("0.12.",)
+_LOGGER = "jax._src.util"
+_LOGGING_FRAME = "_pjit_call_impl_python"
+_BEGIN = "\nDISTRIBUTED_DEBUG_BEGIN"
+# Seconds between two looks at where the main thread is.
+SAMPLE = 0.25
+# Below this share of CPU time over one sample, the main thread counts as idle.
+IDLE_SHARE = 0.05
+# Path fragments of frames that are not the user's.
+_LIBRARY = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep, os.sep + "jaxsys_kernel" + os.sep)
+
+
+def supported() -> str | None:
+    """None when this JAX version's dispatch records can be read, else the reason why not."""
+    import jax
+
+    if jax.__version__.startswith(SUPPORTED_JAX):
+        return None
+    return (
+        f"the divergence check reads jax._src.pjit of JAX {', '.join(SUPPORTED_JAX)}x; "
+        f"this process runs JAX {jax.__version__}, so it is off"
+    )
+
+
+def _is_cell_file(filename: str) -> bool:
+    return filename.startswith("<ipython-input") or f"{os.sep}ipykernel_" in filename
+
+
+def user_line(frame) -> int | None:
+    """The line of the innermost frame of a cell's own code at or above ``frame``."""
+    while frame is not None:
+        if _is_cell_file(frame.f_code.co_filename):
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _short(aval) -> str:
+    try:
+        return aval.str_short(short_dtypes=True)
+    except (AttributeError, TypeError):
+        return type(aval).__name__
+
+
+def _sharding_text(sharding) -> str:
+    spec = getattr(sharding, "spec", None)
+    if spec is not None:
+        return str(spec)
+    return type(sharding).__name__
+
+
+def _processes(shardings) -> set[int]:
+    procs: set[int] = set()
+    for s in shardings:
+        for d in getattr(s, "device_set", ()) or ():
+            procs.add(d.process_index)
+    return procs
+
+
+def describe(frame) -> dict | None:
+    """A ``dispatch`` record from JAX's logging frame, or None if it spans one process."""
+    import jax
+
+    loc = frame.f_locals
+    args = loc.get("args", ())
+    arg_shardings = [getattr(a, "sharding", None) for a in args]
+    declared = [*loc.get("in_shardings", ()), *loc.get("out_shardings", ())]
+    procs = _processes([s for s in arg_shardings + declared if s is not None])
+    if len(procs) < 2 or jax.process_index() not in procs:
+        return None
+    return {
+        "kind": "dispatch",
+        "name": str(loc.get("name", "?")),
+        "args": [_short(jax.typeof(a)) for a in args],
+        "shardings": [_sharding_text(s) for s in arg_shardings if s is not None],
+        "fingerprint": loc.get("fingerprint") or "",
+        "procs": sorted(procs),
+        "line": user_line(frame),
+        "t": time.time(),
+    }
+
+
+class Recorder:
+    """Reports this process's dispatches and position to the running cell.
+
+    Parameters
+    ----------
+    publish : callable
+        ``publish(record)``: sends one record to the cell (called from any thread).
+    """
+
+    def __init__(self, publish):
+        self.publish = publish
+        self.seq = 0
+        self.active = False
+        self.ours = False  # whether we turned jax_distributed_debug on
+        self.thread = threading.current_thread()
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """A logger filter: record JAX's dispatch, and keep it out of the cell if ours."""
+        if not (isinstance(record.msg, str) and record.msg.startswith(_BEGIN)):
+            return True
+        if self.active:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name != _LOGGING_FRAME:
+                frame = frame.f_back
+            entry = describe(frame) if frame is not None else None
+            if entry is not None:
+                entry["seq"] = self.seq
+                self.seq += 1
+                self.publish(entry)
+        return not self.ours
+
+    def start(self) -> None:
+        """Begin a cell: turn on JAX's dispatch records and the position sampler."""
+        import jax
+
+        self.seq = 0
+        self.thread = threading.current_thread()
+        self.ours = not jax.config.jax_distributed_debug
+        if self.ours:
+            jax.config.update("jax_distributed_debug", True)
+        self.active = True
+        self._stop.clear()
+        self._sampler = threading.Thread(target=self._sample, name="jaxsys-divergence", daemon=True)
+        self._sampler.start()
+
+    def stop(self) -> None:
+        """End the cell: records off, sampler stopped, JAX's option as the user had it."""
+        import jax
+
+        self.active = False
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join(timeout=1.0)
+            self._sampler = None
+        if self.ours:
+            jax.config.update("jax_distributed_debug", False)
+            self.ours = False
+
+    def where(self, cpu_share: float) -> dict:
+        """Where the cell's thread is now: its line, whether inside JAX, whether idle."""
+        frame = sys._current_frames().get(self.thread.ident)
+        line, in_jax = None, False
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if _is_cell_file(name):
+                line = frame.f_lineno
+                break
+            in_jax = in_jax or any(part in name for part in _LIBRARY[:2])
+            frame = frame.f_back
+        return {"kind": "where", "line": line, "in_jax": in_jax, "idle": cpu_share < IDLE_SHARE}
+
+    def _sample(self) -> None:
+        clock = _thread_clock(self.thread)
+        last, used = None, clock()
+        while not self._stop.wait(SAMPLE):
+            now_used = clock()
+            share = (now_used - used) / SAMPLE if now_used is not None and used is not None else 1.0
+            used = now_used
+            rec = self.where(share)
+            if rec != last:
+                last = rec
+                self.publish({**rec, "t": time.time()})
+
+
+def _thread_clock(thread: threading.Thread):
+    """A function giving ``thread``'s CPU seconds (None where the system cannot tell)."""
+    try:
+        clock_id = time.pthread_getcpuclockid(thread.ident)
+    except (AttributeError, OSError, TypeError):
+        return lambda: None
+
+    def read() -> float | None:
+        try:
+            return time.clock_gettime(clock_id)
+        except OSError:
+            return None
+
+    return read
+
+
+def _publisher():
+    """A ``publish(record)`` bound to the current cell, usable from any thread."""
+    from IPython import get_ipython
+    from IPython.display import publish_display_data
+
+    shell = get_ipython()
+    header = getattr(shell, "parent_header", None) or {}
+    pub = getattr(shell, "display_pub", None)
+    set_parent = getattr(pub, "set_thread_parent", None)
+
+    def publish(record: dict) -> None:
+        token = set_parent(header) if set_parent is not None else None
+        try:
+            publish_display_data({MIME: record})
+        finally:
+            if token is not None:
+                pub.reset_thread_parent(token)
+
+    return publish
+
+
+_recorder: Recorder | None = None
+
+
+def _before(_options: dict) -> Recorder | None:
+    global _recorder
+    reason = supported()
+    if reason is not None:
+        print(f"jaxsys: {reason}", file=sys.stderr)
+        return None
+    if _recorder is None:
+        _recorder = Recorder(_publisher())
+        logging.getLogger(_LOGGER).addFilter(_recorder.filter)
+    _recorder.publish = _publisher()
+    _recorder.start()
+    return _recorder
+
+
+def _after(recorder: Recorder | None, _exc: BaseException | None = None) -> None:
+    if recorder is not None:
+        recorder.stop()
+
+
+hooks.register(hooks.Hook("divergence", _before, _after, _after))
+
+__all__ = ["MIME", "Recorder", "describe", "supported", "user_line"]
