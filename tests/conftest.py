@@ -1,12 +1,75 @@
-"""Fixtures: one tagged cluster or kernel per module, and a census after each module."""
+"""Markers by folder, no processes in unit tests, and the fixtures shared by the live tests.
+
+A test's kind is where its file sits: ``tests/unit/`` (no processes: pure logic, threads and
+loopback sockets at most), ``tests/live/`` (clusters, kernels, Jupyter servers, child
+processes, namespace hosts) or ``tests/browser/`` (chromium). Each folder's marker is applied
+here, so ``pytest -m unit`` runs the fast part and a new file needs no marker of its own.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from .harness import TAG_VAR, kernel_with_cluster, new_tag, wait_no_processes
+from .process_guard import NoProcesses
+
+#: The folders under tests/ that hold test files; each is also the marker of its tests.
+KINDS = ("unit", "live", "browser")
+
+_HERE = Path(__file__).parent
+
+
+def kind_of(path: Path) -> str | None:
+    """The folder (``unit``, ``live`` or ``browser``) a test file sits in, else None."""
+    try:
+        folder = Path(path).resolve().relative_to(_HERE.resolve()).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in KINDS else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kind = kind_of(item.path)
+        if kind is not None:
+            item.add_marker(kind)
+
+
+def _guarded(item):
+    """Run one phase of a unit test (setup, call or teardown) with processes refused.
+
+    The phases, not a fixture, are wrapped so that module- and session-scoped fixtures set up
+    for a unit test are guarded too.
+    """
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    with NoProcesses(item.nodeid) as guard:
+        result = yield
+    if guard.attempts:
+        # The test caught the ProcessStarted error and went on: it still fails.
+        raise AssertionError(
+            f"{item.nodeid} tried to start {len(guard.attempts)} process(es): "
+            + "; ".join(guard.attempts)
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    return (yield from _guarded(item))
 
 
 @pytest.fixture(scope="session", autouse=True)
