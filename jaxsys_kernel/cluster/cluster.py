@@ -18,7 +18,9 @@ from typing import Any
 from . import bringup, security, teardown
 from .calls import Calls, EngineCalls
 from .config import ClusterConfig
+from .launchers import DEFAULT as DEFAULT_LAUNCHER
 from .launchers import make_launcher, stack_file, telemetry_addresses
+from .launchers.registry import describe, names_where
 from .loop import AsyncFirst
 from .profile import controller_file
 from .records import ClusterError, ClusterStartError, ProcessInfo, ProgressEvent
@@ -62,8 +64,9 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
     devices_per_host : int
         CPU devices each process simulates (``--xla_force_host_platform_device_count``);
         ignored for accelerator hosts where the hardware decides.
-    launcher : {"local", "ssh", "mpi", "slurm"}
-        ``local`` starts processes on this machine; the others use ipyparallel's launchers
+    launcher : str
+        A name from :func:`~jaxsys_kernel.cluster.launchers.launcher_names`; the default
+        starts processes on this machine. Remote ones use ipyparallel's launchers
         of the same name.
     cache_dir : str, optional
         Persistent compilation cache directory for every process; by default
@@ -108,8 +111,8 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         Run an agent in every process that streams heartbeats and compilation-cache events
         to ``self.telemetry`` (a :class:`~jaxsys_kernel.telemetry.hub.TelemetryHub`).
     launcher_options : mapping, optional
-        Settings for ipyparallel's engine launcher of the ``ssh``, ``mpi`` or ``slurm``
-        kind, by trait name, e.g. ``{"ssh_args": ["-i", "key"], "remote_python":
+        Settings of the launcher (for most, ipyparallel's engine launcher of that kind),
+        by name, e.g. ``{"ssh_args": ["-i", "key"], "remote_python":
         "/opt/venv/bin/python"}``. For ``ssh``, ``remote_python`` defaults to this
         Python's path, which suits hosts that share its filesystem.
 
@@ -124,7 +127,7 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         self,
         hosts: int | Sequence[str] = 4,
         devices_per_host: int = 2,
-        launcher: str = "local",
+        launcher: str = DEFAULT_LAUNCHER,
         *,
         cache_dir: str | None = None,
         register_timeout: float | None = None,
@@ -186,7 +189,7 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
     host_names = _from_config("host_names", "Host names (one process each), or None.")
     nprocs = _from_config("nprocs", "Number of JAX processes.")
     devices_per_host = _from_config("devices_per_host", "CPU devices each process simulates.")
-    launcher = _from_config("launcher", "The launcher's name: local, ssh, mpi or slurm.")
+    launcher = _from_config("launcher", "The launcher's name (see launcher_names()).")
     cache_dir = _from_config("cache_dir", "Persistent compilation cache directory, or None.")
     register_timeout = _from_config("register_timeout", "Seconds allowed for registration.")
     init_timeout = _from_config("init_timeout", "Seconds allowed for JAX's initialisation.")
@@ -194,9 +197,9 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
     process_env = _from_config("process_env", "Extra environment variables by rank.")
     heartbeat_timeout = _from_config("heartbeat_timeout", "JAX's heartbeat timeout (s).")
     recoverable = _from_config("recoverable", "Whether JAX runs with recoverability.")
-    addresses = _from_config("addresses", "Each process's network address (local launcher).")
+    addresses = _from_config("addresses", "Each process's network address, if placed.")
     controller_ip = _from_config("controller_ip", "Where the controller listens, if given.")
-    process_prefix = _from_config("process_prefix", "Command prefix by rank (local launcher).")
+    process_prefix = _from_config("process_prefix", "Command prefix by rank, if placed.")
     launcher_options = _from_config("launcher_options", "Settings of ipyparallel's launcher.")
     secure = _from_config("secure", "Whether mTLS and CurveZMQ are on.")
     telemetry_enabled = _from_config("telemetry", "Whether engines run a telemetry agent.")
@@ -243,9 +246,11 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         world.processes = [ProcessInfo(rank=r) for r in self.ranks]
         try:
             await bringup.start_services(world)
-            deadline = time.monotonic() + self.register_timeout
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
+            # The registration clock starts once they are launched: a scheduler's job
+            # may first wait in its queue for as long as the scheduler decides.
             await self._launch_engines()
+            deadline = time.monotonic() + self.register_timeout
             if self._launcher.uses_engine_file_copy:
                 await bringup.publish_engine_file(world, deadline)
             if self.secure:
@@ -399,7 +404,7 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         alive = set(self.client.ids)
         for p in (p for p in self.processes if p.state == "ready"):
             if self._launcher.process_gone(p):
-                p.mark_dead(f"its pid {p.pid} is gone")
+                p.mark_dead(self._launcher.death_reason(p))
             elif p.engine_id not in alive:
                 p.mark_dead(f"the hub dropped its engine {p.engine_id} (missed heartbeats)")
 
@@ -514,9 +519,10 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
                 "restart the whole world"
             )
         if not self._launcher.restarts_one_process:
+            able = describe(names_where(lambda k: k.restarts_one_process))
             raise ClusterError(
-                "restarting a single process needs the local or the ssh launcher: "
-                "restart the whole world"
+                f"the {self.launcher} launcher cannot restart a single process (that needs "
+                f"{able}): restart the whole world"
             )
 
     async def _launch_engines(self) -> None:

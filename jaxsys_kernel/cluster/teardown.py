@@ -158,7 +158,8 @@ def kill(world) -> float:
         ipp.controller = None
         launcher.ipp = None
     wait_gone(pids, timeout=KILL_WAIT_S)
-    launcher.release_ports()
+    # Ports held for processes, and a scheduler's job, go back.
+    launcher.release()
     if world.profile is not None:
         remove_profile(world.profile)
         world.profile = None

@@ -16,6 +16,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import publish_display_data
 
 from .. import contract
+from ..cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
+from ..cluster.launchers import launcher_names
 from . import actions_help
 from .actions_args import did_you_mean, env_pairs, rank, seconds, split
 from .actions_cache import cache
@@ -71,9 +73,9 @@ def format_status(rows: list[dict]) -> str:
 )
 @argument(
     "--launcher",
-    choices=("local", "ssh", "mpi", "slurm"),
+    choices=launcher_names(),
     default=None,
-    help=f"how processes are started (default ${contract.LAUNCHER}, else local)",
+    help=f"how processes are started (default ${contract.LAUNCHER}, else {DEFAULT_LAUNCHER})",
 )
 @argument(
     "--cache-dir",

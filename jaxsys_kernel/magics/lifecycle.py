@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from .. import contract
 from ..cluster import Cluster
 from ..cluster.audit import refusal_notice
+from ..cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
 
 
 def _duration(seconds: float) -> str:
@@ -44,7 +45,7 @@ class Lifecycle:
         return {
             "hosts": _env_int(contract.HOSTS, 4),
             "devices_per_host": _env_int(contract.DEVICES_PER_HOST, 2),
-            "launcher": os.environ.get(contract.LAUNCHER, "local"),
+            "launcher": os.environ.get(contract.LAUNCHER, DEFAULT_LAUNCHER),
         }
 
     def start(

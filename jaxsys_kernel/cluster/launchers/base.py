@@ -231,6 +231,14 @@ class Launcher:
         while they register); None when process 0's host is only known afterwards."""
         return None
 
+    def release(self) -> None:
+        """At teardown: give back what the cluster held (ports; a scheduler's job)."""
+        self.release_ports()
+
+    def job(self) -> dict[str, Any] | None:
+        """The scheduler job the engines run in (id, state, nodes), or None."""
+        return None
+
     def release_ports(self) -> None:
         """Close the sockets holding ports for processes (the processes keep theirs)."""
         held, self._held_ports = self._held_ports, []
@@ -309,9 +317,13 @@ class Launcher:
             n=self.config.nprocs,
             engine_set_id=set_id,
             environment=env,
-            **self.config.launcher_options,
+            **self.launch_options(),
         )
         self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
+
+    def launch_options(self) -> dict[str, Any]:
+        """The settings handed to ipyparallel's engine launcher."""
+        return dict(self.config.launcher_options)
 
     async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
         """Start the engine of one rank as an engine set of its own."""
@@ -354,6 +366,10 @@ class Launcher:
     def process_gone(self, p: ProcessInfo) -> bool:
         """Whether a process is known to be gone without asking the hub."""
         return False
+
+    def death_reason(self, p: ProcessInfo) -> str:
+        """Why :meth:`process_gone` said the process is gone."""
+        return f"its pid {p.pid} is gone"
 
     def dump_stacks(
         self,

@@ -2,10 +2,77 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from ..records import ClusterStartError
 from .base import Launcher
 
 
 class MpiLauncher(Launcher):
-    """Every rank in one ``mpiexec`` job; ranks come from MPI's environment."""
+    """Every rank in one ``mpiexec`` job; ranks come from MPI's environment.
+
+    ipyparallel's engines take their id from ``mpi4py`` (``--mpi``), so both ``mpiexec``
+    and ``mpi4py`` must be here; both are checked before anything starts.
+    ``launcher_options`` take the settings of ipyparallel's ``MPIEngineSetLauncher``
+    (``mpi_args``, ``mpi_cmd``) and ``hostfile``, which spreads the ranks over the hosts
+    an Open MPI hostfile names.
+    """
 
     name = "mpi"
+
+    @classmethod
+    def option_names(cls) -> tuple[str, set[str]]:
+        owner, names = super().option_names()
+        return owner + " (and hostfile)", {*names, "hostfile"}
+
+    def _mpiexec(self) -> str:
+        return (self.config.launcher_options.get("mpi_cmd") or ["mpiexec"])[0]
+
+    def check_tools(self) -> None:
+        """Refuse to start without ``mpiexec`` or ``mpi4py``, or with a missing hostfile.
+
+        Raises
+        ------
+        ClusterStartError
+            Saying what to install.
+        """
+        if shutil.which(self._mpiexec()) is None:
+            raise ClusterStartError(
+                f"the {self.name} launcher needs {self._mpiexec()} on PATH: install an MPI "
+                "(Debian: apt-get install openmpi-bin)"
+            )
+        if importlib.util.find_spec("mpi4py") is None:
+            raise ClusterStartError(
+                f"the {self.name} launcher needs mpi4py, for each engine to learn its rank: "
+                "pip install 'jaxsys[mpi]' (or pip install mpi4py)"
+            )
+        hostfile = self.config.launcher_options.get("hostfile")
+        if hostfile and not Path(hostfile).is_file():
+            raise ClusterStartError(f"hostfile {hostfile} does not exist")
+
+    def make_ipp_cluster(self, profile: Path, secure: bool):
+        # Before the controller starts: without either tool every engine dies at once
+        # and the start would only time out.
+        self.check_tools()
+        return super().make_ipp_cluster(profile, secure)
+
+    def mpiexec_env(self) -> dict[str, str]:
+        """What Open MPI needs to run here: as root it refuses without the first two, and
+        it refuses more ranks than cores without oversubscription."""
+        env = {"OMPI_MCA_rmaps_base_oversubscribe": "1"}
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return {k: v for k, v in env.items() if k not in os.environ}
+
+    def launch_options(self) -> dict:
+        opts = dict(self.config.launcher_options)
+        hostfile = opts.pop("hostfile", None)
+        if hostfile:
+            opts["mpi_args"] = ["--hostfile", os.fspath(hostfile), *opts.get("mpi_args", [])]
+        return opts
+
+    def engine_env(self, rank, ctx):
+        return {**self.mpiexec_env(), **super().engine_env(rank, ctx)}

@@ -1,11 +1,125 @@
-"""The Slurm launcher: every rank in one Slurm job; ranks come from Slurm's environment."""
+"""The Slurm launcher: every rank in one Slurm job; ranks come from Slurm's environment.
+
+The job is an allocation (:mod:`~jaxsys_kernel.cluster.allocation_slurm`) that holds the
+hosts; engines run in it as one job step per world, so a world restart kills the step and
+starts another without queueing again, and stopping the cluster cancels the job.
+"""
 
 from __future__ import annotations
 
-from .base import Launcher
+import asyncio
+import contextlib
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ... import contract
+from ..allocation_slurm import SlurmAllocation, kill_steps
+from ..records import ClusterStartError
+from .base import EngineContext, Launcher
+
+# Seconds between looks at the job while the cluster runs (each is one squeue call).
+JOB_POLL_S = 2.0
+OPTIONS = {
+    "partition": "the partition (sbatch --partition)",
+    "time": "the time limit (sbatch --time)",
+    "account": "the account charged (sbatch --account)",
+    "qos": "the quality of service (sbatch --qos)",
+    "sbatch_args": "more sbatch options, e.g. ['--ntasks-per-node=1']",
+    "srun_args": "more srun options for the engines' job step",
+    "job_id": "a running job to use instead of submitting one",
+    "queue_timeout": "seconds a job may wait in the queue (default: as long as it takes)",
+}
 
 
 class SlurmLauncher(Launcher):
-    """Every rank in one Slurm job; ranks come from Slurm's environment."""
+    """Every rank in one Slurm job; ranks come from Slurm's environment (``SLURM_PROCID``).
+
+    ``launcher_options`` take the keys of :data:`OPTIONS`.
+    """
 
     name = "slurm"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.allocation: SlurmAllocation | None = None
+        self._last_poll = 0.0
+
+    @classmethod
+    def option_names(cls) -> tuple[str, set[str]]:
+        return f"the {cls.name} launcher", set(OPTIONS)
+
+    def _controller_kwargs(self) -> dict[str, Any]:
+        from .srun import SrunEngineSetLauncher
+
+        return {
+            "controller_ip": self.config.controller_ip or "*",
+            "engine_launcher_class": SrunEngineSetLauncher,
+        }
+
+    def _acquire(self, ctx: EngineContext, report: Callable[[str, int, int], None]):
+        """Submit the job (once per cluster) and wait until it runs."""
+        opts = self.config.launcher_options
+        if self.allocation is None:
+            name = f"jaxsys-{self.ipp.cluster_id}" if self.ipp is not None else "jaxsys"
+            self.allocation = SlurmAllocation(
+                name=name,
+                ntasks=self.config.nprocs,
+                script_dir=ctx.profile,
+                options=opts,
+                job_id=opts.get("job_id"),
+            )
+            self.allocation.submit()
+        return self.allocation.wait_running(report, timeout=opts.get("queue_timeout"))
+
+    async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
+        await asyncio.to_thread(self._acquire, ctx, report)
+        env = self.engine_env(0, ctx)
+        env.pop(contract.PROCESS_ID)
+        set_id = f"all-i{ctx.incarnation}"
+        await self.ipp.start_engines(
+            n=self.config.nprocs,
+            engine_set_id=set_id,
+            environment=env,
+            mpi_cmd=self.allocation.step_command(self.config.nprocs),
+        )
+        self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
+
+    def kill_remote(self, engine_sets) -> None:
+        """SIGKILL the engines' job steps; the job itself stays for the next world."""
+        if self.allocation is not None and self.allocation.job_id:
+            kill_steps(self.allocation.job_id)
+
+    def release(self) -> None:
+        """Cancel the job: the hosts go back to Slurm."""
+        super().release()
+        alloc, self.allocation = self.allocation, None
+        if alloc is not None and not self.config.launcher_options.get("job_id"):
+            alloc.cancel()
+
+    def job(self) -> dict[str, Any] | None:
+        """The job's id, state and nodes, for ``%jaxsys status``."""
+        alloc = self.allocation
+        if alloc is None:
+            return None
+        status = alloc.poll()
+        return {"job_id": alloc.job_id, "state": status.describe(), "nodes": status.hosts}
+
+    def process_gone(self, p) -> bool:
+        # One squeue call every JOB_POLL_S at most, however many processes ask.
+        alloc = self.allocation
+        if alloc is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_poll > JOB_POLL_S:
+            self._last_poll = now
+            with contextlib.suppress(ClusterStartError, OSError, subprocess.SubprocessError):
+                alloc.poll()
+        return alloc.last.state.terminal
+
+    def death_reason(self, p) -> str:
+        alloc = self.allocation
+        if alloc is not None and alloc.last.state.terminal:
+            return f"{alloc.describe_job()} ended: {alloc.last.describe()}"
+        return super().death_reason(p)

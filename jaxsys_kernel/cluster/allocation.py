@@ -1,0 +1,228 @@
+"""Allocations: the hosts a cluster was given, apart from the engines started on them.
+
+An :class:`Allocation` holds one grant of hosts: for a scheduler, a job (submitted,
+pending, running, then ended with a reason); otherwise, hosts that are simply there. A
+launcher starts engines on an allocation; the allocation alone knows how the grant is
+asked for, watched and given back. Allocations are saved with
+:meth:`Allocation.to_dict` and found again with :func:`allocation_from_dict`, so a
+cluster can be attached to after its kernel restarted.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .records import ClusterStartError
+
+# Seconds between polls of a scheduler while a job waits to run.
+POLL_S = 0.5
+
+
+class JobState(enum.Enum):
+    """Where an allocation stands. The terminal states are those of Slurm's job states."""
+
+    SUBMITTING = "submitting"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETING = "completing"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    PREEMPTED = "preempted"
+    NODE_FAIL = "node_fail"
+    OUT_OF_MEMORY = "out_of_memory"
+    BOOT_FAIL = "boot_fail"
+    DEADLINE = "deadline"
+    #: The scheduler no longer knows the job, and nothing says how it ended.
+    GONE = "gone"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the allocation is over (its hosts are no longer ours)."""
+        return self not in _LIVE
+
+    @classmethod
+    def from_slurm(cls, text: str) -> JobState:
+        """A Slurm state (``PENDING``, ``CANCELLED by 0``, ``CG``...) as a JobState."""
+        word = text.strip().split(" ")[0].upper().rstrip("+")
+        word = _SLURM_SHORT.get(word, word)
+        try:
+            return cls[word]
+        except KeyError:
+            # REQUEUED, RESIZING, SIGNALING, STAGE_OUT, ...: the job is still the scheduler's.
+            return cls.PENDING
+
+
+_LIVE = {JobState.SUBMITTING, JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED}
+_SLURM_SHORT = {
+    "PD": "PENDING",
+    "R": "RUNNING",
+    "S": "SUSPENDED",
+    "CG": "COMPLETING",
+    "CD": "COMPLETED",
+    "CA": "CANCELLED",
+    "F": "FAILED",
+    "TO": "TIMEOUT",
+    "PR": "PREEMPTED",
+    "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY",
+    "BF": "BOOT_FAIL",
+    "DL": "DEADLINE",
+}
+
+
+@dataclass
+class JobStatus:
+    """One look at an allocation.
+
+    Attributes
+    ----------
+    state : JobState
+    reason : str
+        The scheduler's reason (why a job waits, or how it ended); "" when it gives none.
+    hosts : list of str
+        The hosts granted, in order (empty until the job runs).
+    """
+
+    state: JobState
+    reason: str = ""
+    hosts: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """``"pending (Resources)"``, ``"running on host0,host1"``..."""
+        text = self.state.value
+        if self.reason and self.reason.lower() not in ("none", "(null)"):
+            text += f" ({self.reason})"
+        if self.hosts and not self.state.terminal:
+            text += f" on {','.join(self.hosts)}"
+        return text
+
+
+class AllocationEndedError(ClusterStartError):
+    """The scheduler ended the job before its engines could run."""
+
+
+class Allocation:
+    """Hosts granted to one cluster. This base class is the trivial grant: hosts that are
+    there already (this machine, or the hosts an ssh cluster names).
+
+    Parameters
+    ----------
+    hosts : list of str, optional
+        The hosts; this machine when omitted.
+    """
+
+    #: The name saved in :meth:`to_dict`, by which :func:`allocation_from_dict` finds the class.
+    kind: ClassVar[str] = "hosts"
+    #: Whether the grant can end under a running cluster (and must be polled).
+    can_end: ClassVar[bool] = False
+
+    def __init__(self, hosts: list[str] | None = None):
+        self._hosts = list(hosts) if hosts else [socket.gethostname()]
+        self.job_id: str | None = None
+
+    def submit(self) -> None:
+        """Ask for the hosts (nothing to ask for here)."""
+
+    def poll(self) -> JobStatus:
+        """Where the allocation stands now."""
+        return JobStatus(JobState.RUNNING, hosts=list(self._hosts))
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts granted (empty while they are not)."""
+        return list(self._hosts)
+
+    def wait_running(
+        self,
+        report: Callable[[str, int, int], None] | None = None,
+        timeout: float | None = None,
+        poll_s: float = POLL_S,
+    ) -> JobStatus:
+        """Wait until the allocation runs, reporting its state and reason while it waits.
+
+        Parameters
+        ----------
+        report : callable, optional
+            Called as ``report(what, 0, 1)`` whenever the state or reason changes.
+        timeout : float, optional
+            Seconds to wait; without it, wait as long as the scheduler keeps the job.
+
+        Raises
+        ------
+        AllocationEndedError
+            When the job ends (is cancelled, fails...) before it runs; names the reason.
+        TimeoutError
+            When it does not run within ``timeout``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            status = self.poll()
+            seen = (status.state, status.reason)
+            if report is not None and seen != last:
+                report(f"{self.describe_job()} {status.describe()}", 0, 1)
+                last = seen
+            if status.state is JobState.RUNNING:
+                return status
+            if status.state.terminal:
+                raise AllocationEndedError(
+                    f"{self.describe_job()} ended before it ran: {status.describe()}"
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.describe_job()} is still {status.describe()} after {timeout:g} s"
+                )
+            time.sleep(poll_s)
+
+    def cancel(self) -> None:
+        """Give the hosts back (nothing to give back here)."""
+
+    def describe_job(self) -> str:
+        """How messages name this allocation."""
+        return "the hosts"
+
+    def to_dict(self) -> dict[str, Any]:
+        """What :func:`allocation_from_dict` needs to find this allocation again."""
+        return {"kind": self.kind, "hosts": self.hosts, "job_id": self.job_id}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Allocation:
+        """The allocation :meth:`to_dict` described."""
+        return cls(hosts=d.get("hosts"))
+
+
+_KINDS: dict[str, type[Allocation]] = {}
+
+
+def register(cls: type[Allocation]) -> type[Allocation]:
+    """Make ``cls`` known to :func:`allocation_from_dict` (a class decorator)."""
+    _KINDS[cls.kind] = cls
+    return cls
+
+
+register(Allocation)
+
+
+def allocation_from_dict(d: dict[str, Any]) -> Allocation:
+    """The allocation a saved :meth:`Allocation.to_dict` describes.
+
+    Raises
+    ------
+    ValueError
+        For a kind no module registered.
+    """
+    try:
+        cls = _KINDS[d["kind"]]
+    except KeyError:
+        raise ValueError(
+            f"no allocation of kind {d.get('kind')!r}; known kinds: {', '.join(_KINDS)}"
+        ) from None
+    return cls.from_dict(d)

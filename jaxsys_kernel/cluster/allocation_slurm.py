@@ -1,0 +1,289 @@
+"""A Slurm job as an allocation: ``sbatch`` a job that holds the hosts, poll it with
+``squeue`` (then ``scontrol``, once it has left the queue), cancel it with ``scancel``.
+
+The job's batch script only holds the allocation; engines run in it as job steps
+(``srun --jobid``), so a world restart or an attach reuses the job instead of queueing
+again. A watchdog process cancels the job when the process that submitted it dies
+without cancelling it (a kernel killed with SIGKILL), and goes when the job does.
+
+Works with Slurm 22.05 and later, without accounting (``sacct``) or ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .allocation import Allocation, JobState, JobStatus, register
+from .records import ClusterStartError
+
+# Seconds any Slurm command may take (slurmctld answers in milliseconds when it is up).
+COMMAND_TIMEOUT_S = 20.0
+# How often the watchdog looks at the submitting process, and at the queue.
+WATCH_PID_S = 0.25
+WATCH_QUEUE_S = 2.0
+TOOLS = ("sbatch", "squeue", "scancel", "scontrol", "srun")
+
+
+class SlurmError(ClusterStartError):
+    """A Slurm command failed or is missing."""
+
+
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    if shutil.which(argv[0]) is None:
+        raise SlurmError(
+            f"{argv[0]} is not on PATH: a Slurm allocation needs Slurm's client commands "
+            f"({', '.join(TOOLS)}) on this machine, and SLURM_CONF if slurm.conf is not in "
+            "its default place"
+        )
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    if check and r.returncode != 0:
+        raise SlurmError(f"{shlex.join(argv)} failed: {(r.stderr or r.stdout).strip()}")
+    return r
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """``host[0-2],x`` -> ``["host0", "host1", "host2", "x"]`` (through ``scontrol``)."""
+    if not nodelist or nodelist in ("(null)", "None assigned"):
+        return []
+    r = _run(["scontrol", "show", "hostnames", nodelist])
+    return r.stdout.split()
+
+
+def batch_script(name: str, ntasks: int, options: dict[str, Any], log_file: Path) -> str:
+    """The batch script of a job that holds ``ntasks`` tasks until it is cancelled."""
+    lines = [
+        "#!/bin/sh",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --ntasks={ntasks}",
+        f"#SBATCH --output={log_file}",
+    ]
+    for key in ("partition", "time", "account", "qos"):
+        if options.get(key):
+            lines.append(f"#SBATCH --{key}={options[key]}")
+    lines += [f"#SBATCH {arg}" for arg in options.get("sbatch_args") or ()]
+    lines += [
+        "# Holds the allocation: engines run in it as job steps (srun --jobid).",
+        "trap 'exit 0' TERM INT",
+        "while :; do sleep 3600 & wait $!; done",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _scontrol_fields(text: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+
+
+@register
+class SlurmAllocation(Allocation):
+    """One Slurm job holding ``ntasks`` tasks for a cluster.
+
+    Parameters
+    ----------
+    name : str
+        The job's name (the cluster's).
+    ntasks : int
+        One task per process.
+    script_dir : path-like
+        Where the batch script and the job's output go (the cluster's profile directory).
+    options : dict, optional
+        ``partition``, ``time``, ``account``, ``qos`` and ``sbatch_args`` (a list of
+        ``--flag=value`` strings).
+    job_id : str, optional
+        A job that runs already (attach); nothing is submitted then.
+    """
+
+    kind = "slurm"
+    can_end = True
+
+    def __init__(
+        self,
+        name: str = "jaxsys",
+        ntasks: int = 1,
+        script_dir: str | os.PathLike | None = None,
+        options: dict[str, Any] | None = None,
+        job_id: str | None = None,
+    ):
+        super().__init__(hosts=None)
+        self._hosts = []
+        self.name = name
+        self.ntasks = ntasks
+        self.script_dir = Path(script_dir) if script_dir else None
+        self.options = dict(options or {})
+        self.job_id = job_id
+        self.watchdog: subprocess.Popen | None = None
+        self.last = JobStatus(JobState.SUBMITTING)
+
+    def describe_job(self) -> str:
+        return f"Slurm job {self.job_id}" if self.job_id else "the Slurm job"
+
+    def submit(self) -> None:
+        """``sbatch`` the job (its script in ``script_dir``) and start its watchdog."""
+        if self.job_id is not None:
+            return
+        if self.script_dir is None:
+            raise SlurmError("a Slurm allocation needs a directory for its batch script")
+        self.script_dir.mkdir(parents=True, exist_ok=True)
+        script = self.script_dir / "jaxsys-allocation.sbatch"
+        log_file = self.script_dir / "log" / "slurm-%j.out"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(batch_script(self.name, self.ntasks, self.options, log_file))
+        r = _run(["sbatch", "--parsable", str(script)])
+        self.job_id = r.stdout.strip().split(";")[0]
+        self.last = JobStatus(JobState.PENDING)
+        self.watchdog = start_watchdog(self.job_id, os.getpid())
+
+    def poll(self) -> JobStatus:
+        """The job's state, reason and nodes: from ``squeue`` while it is queued, then
+        from ``scontrol`` while slurmctld remembers it."""
+        if self.job_id is None:
+            return self.last
+        r = _run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%r|%N"], check=False)
+        line = r.stdout.strip()
+        if r.returncode == 0 and line:
+            state, reason, nodes = (line.split("|") + ["", ""])[:3]
+            status = JobStatus(JobState.from_slurm(state), reason, expand_hostlist(nodes))
+        else:
+            status = self._ended()
+        if status.hosts:
+            self._hosts = status.hosts
+        self.last = status
+        return status
+
+    def _ended(self) -> JobStatus:
+        r = _run(["scontrol", "-o", "show", "job", self.job_id], check=False)
+        fields = _scontrol_fields(r.stdout) if r.returncode == 0 else {}
+        if "JobState" not in fields:
+            return JobStatus(JobState.GONE, "slurmctld no longer knows the job")
+        return JobStatus(JobState.from_slurm(fields["JobState"]), fields.get("Reason", ""))
+
+    def cancel(self) -> None:
+        """Kill every process of the job at once, then end the job."""
+        if self.job_id is None:
+            return
+        cancel_job(self.job_id)
+        if self.watchdog is not None:
+            with contextlib.suppress(OSError):
+                self.watchdog.kill()
+            self.watchdog.wait(5)
+            self.watchdog = None
+
+    def step_command(self, ntasks: int) -> list[str]:
+        """The ``srun`` prefix that runs one task per process inside the job."""
+        return [
+            "srun",
+            f"--jobid={self.job_id}",
+            f"--ntasks={ntasks}",
+            "--overlap",
+            "--kill-on-bad-exit=0",
+            *self.options.get("srun_args", ()),
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "name": self.name, "ntasks": self.ntasks}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SlurmAllocation:
+        return cls(name=d.get("name", "jaxsys"), ntasks=d.get("ntasks", 1), job_id=d["job_id"])
+
+
+def cancel_job(job_id: str) -> None:
+    """SIGKILL every process of the job, then cancel it.
+
+    JAX processes ignore SIGTERM, which is all a plain ``scancel`` sends before Slurm's
+    KillWait runs out; killing them first ends the job in about a second.
+    """
+    if shutil.which("scancel") is None:
+        return
+    for argv in (["scancel", "--full", "-s", "KILL", job_id], ["scancel", job_id]):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
+
+
+def kill_steps(job_id: str) -> None:
+    """SIGKILL the processes of the job's steps; the job (its batch script) stays."""
+    if shutil.which("scancel") is None:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(
+            ["scancel", "-s", "KILL", job_id],
+            capture_output=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+        )
+
+
+# -- the watchdog ---------------------------------------------------------------------------
+
+
+def start_watchdog(job_id: str, pid: int) -> subprocess.Popen:
+    """A process that cancels ``job_id`` once ``pid`` is gone, and leaves with the job."""
+    return subprocess.Popen(
+        [sys.executable, "-m", __name__, "--job", job_id, "--pid", str(pid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _job_queued(job_id: str) -> bool:
+    try:
+        r = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return True
+    return r.returncode == 0 and bool(r.stdout.strip())
+
+
+def watch(job_id: str, pid: int) -> int:
+    """Cancel ``job_id`` when ``pid`` dies; return when the job has left the queue."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    next_queue_check = 0.0
+    while True:
+        if not _pid_alive(pid):
+            cancel_job(job_id)
+            return 0
+        now = time.monotonic()
+        if now >= next_queue_check:
+            if not _job_queued(job_id):
+                return 0
+            next_queue_check = now + WATCH_QUEUE_S
+        time.sleep(WATCH_PID_S)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="cancel a Slurm job when a process dies")
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--pid", type=int, required=True)
+    a = parser.parse_args()
+    sys.exit(watch(a.job, a.pid))
