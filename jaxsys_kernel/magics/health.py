@@ -1,0 +1,92 @@
+"""The cluster's state in one word, from one place, for every view that shows it.
+
+The status bar, the sidebar, ``%jaxsys status`` and the dashboard all say what
+:func:`health` says, so that none of them can call a cluster "ready" while cells are
+refused as out of step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._ranges import format_procs
+
+READY = "ready"
+STARTING = "starting"
+RESTARTING = "restarting"
+OUT_OF_STEP = "out of step"
+DEGRADED = "degraded"
+STOPPED = "stopped"
+#: Every state, in the order a reader would look for trouble.
+STATES = (READY, STARTING, RESTARTING, OUT_OF_STEP, DEGRADED, STOPPED)
+#: States in which the views warn.
+WARNING = (OUT_OF_STEP, DEGRADED)
+# Process states that make a cluster degraded, or (coming back) restarting.
+_UNWELL = ("dead", "stuck")
+_RETURNING = ("restarting", "starting")
+
+
+@dataclass(frozen=True)
+class Health:
+    """The cluster's state and, where it is not plain, why.
+
+    Attributes
+    ----------
+    state : str
+        One of :data:`STATES`.
+    reason : str
+        One sentence for a reader (empty when ``ready``).
+    """
+
+    state: str
+    reason: str = ""
+
+    @property
+    def warning(self) -> bool:
+        """Whether views should show this state as a warning."""
+        return self.state in WARNING
+
+    def line(self) -> str:
+        """``cluster: out of step (why)``, as ``%jaxsys status`` prints it."""
+        return f"cluster: {self.state}" + (f" ({self.reason})" if self.reason else "")
+
+    def to_dict(self) -> dict:
+        """The form the front end reads."""
+        return {"state": self.state, "reason": self.reason, "warning": self.warning}
+
+
+def health(cluster, broken: str | None = None, process_states=None) -> Health:
+    """The cluster's state from what the kernel knows.
+
+    Parameters
+    ----------
+    cluster : Cluster or None
+        The kernel's cluster.
+    broken : str, optional
+        Why the JAX world is out of step (the session's ``broken``), if it is.
+    process_states : mapping of int to str, optional
+        Each process's state as the views show it (``alive``, ``dead``, ``stuck``, ...);
+        the cluster's own records when left out.
+
+    Returns
+    -------
+    Health
+    """
+    if cluster is None or cluster.state == STOPPED:
+        return Health(STOPPED, "no cluster is running; %jaxsys start starts one")
+    if cluster.state in (STARTING, RESTARTING):
+        return Health(cluster.state, f"the cluster is {cluster.state}")
+    if broken:
+        return Health(OUT_OF_STEP, f"{broken}; cells are refused until %jaxsys restart")
+    if process_states is None:
+        process_states = {p.rank: p.state for p in cluster.processes}
+    unwell: dict[str, list[int]] = {}
+    for rank, state in sorted(process_states.items()):
+        if state in (*_UNWELL, *_RETURNING):
+            unwell.setdefault(state, []).append(rank)
+    said = ", ".join(f"{format_procs(ranks)} {state}" for state, ranks in unwell.items())
+    if any(state in _UNWELL for state in unwell):
+        return Health(DEGRADED, said)
+    if unwell:
+        return Health(RESTARTING, said)
+    return Health(READY)
