@@ -35,6 +35,7 @@ from .. import _compat
 from .._version import __version__
 from ..errors import ProtocolError
 from ..magics.controls import ALIASES, CONTROLS, RANK_CONTROLS
+from ..magics.health import health
 
 TARGET = "jaxsys"
 SCHEMA_VERSION = 1
@@ -140,7 +141,9 @@ def cluster_state(session, *, cell_running: bool = False) -> dict:
     Returns
     -------
     dict
-        ``kernel`` (pid, version), ``cell_running`` and ``cluster``: None when no cluster
+        ``kernel`` (pid, version), ``cell_running``, ``health`` (the cluster's state in one
+        word, why, and whether to warn: see :mod:`jaxsys_kernel.magics.health`) and
+        ``cluster``: None when no cluster
         runs, else ``state`` (``starting``, ``ready``, ``restarting``), ``nprocs``,
         ``alive``, ``devices``, ``live_devices``, ``warning`` (a process is dead or stuck),
         ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy), ``cache``
@@ -151,6 +154,7 @@ def cluster_state(session, *, cell_running: bool = False) -> dict:
         "kernel": {"pid": os.getpid(), "version": __version__},
         "cell_running": cell_running,
         "time": time.time(),
+        "health": health(None).to_dict(),
         "cluster": None,
     }
     cluster = session.cluster
@@ -163,6 +167,8 @@ def cluster_state(session, *, cell_running: bool = False) -> dict:
         states = {p.rank: p.state for p in cluster.processes}
         lives = {live.rank: live for live in hub.liveness(states)}
     rows = _process_rows(cluster, lives)
+    said = health(cluster, getattr(session, "broken", None), {r["rank"]: r["state"] for r in rows})
+    out["health"] = said.to_dict()
     alive = [r for r in rows if r["state"] == "alive"]
     out["cluster"] = {
         "state": cluster.state,

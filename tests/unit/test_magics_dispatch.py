@@ -25,7 +25,7 @@ class FakeSession:
     def __init__(self):
         self.calls: list[tuple] = []
         self.spmd = False
-        self.cluster = SimpleNamespace(nprocs=2, security="mTLS (test)", pki=None)
+        self.cluster = SimpleNamespace(nprocs=2, security="mTLS (test)", pki=None, state="ready")
 
     def __getattr__(self, name):
         answers = {
