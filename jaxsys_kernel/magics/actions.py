@@ -25,6 +25,7 @@ from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
 from .actions_logs import logs
 from .boundary import usage_errors
+from .health import health
 
 
 def format_status(rows: list[dict]) -> str:
@@ -269,7 +270,10 @@ def status(session, args: argparse.Namespace) -> None:
 
         %jaxsys status
     """
-    print(format_status(session.status_rows()))
+    rows = session.status_rows()
+    broken = getattr(session, "broken", None)
+    print(health(session.cluster, broken, {r["rank"]: r["state"] for r in rows}).line())
+    print(format_status(rows))
     print(f"security: {session.cluster.security}")
     rotation = session.rotation_line()
     if rotation:
