@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._ranges import format_procs
+from ..engine.registry import engine_module
+from ..engine.sockets import listening_sockets
 from ..telemetry.refusals import explain_refusal
 from .profile import controller_file
 
@@ -33,6 +35,7 @@ ADVICE_PLAINTEXT_DATA = (
     "(or a VPN / encrypted overlay between hosts)"
 )
 ADVICE_UNKNOWN = "not opened by jaxsys, JAX or Jupyter: find out what did (ss -ltnp)"
+probes = engine_module("probes")
 DATA_PLANE = "JAX data plane (gloo collectives) or a server a cell started"
 
 
@@ -115,8 +118,6 @@ def _controller_roles(ipp) -> tuple[dict[int, str], dict]:
 def _controller_endpoints(cluster) -> list[Endpoint]:
     """Every socket the controller and its scheduler processes listen on."""
     import psutil
-
-    from ..engine.probes import listening_sockets
 
     ipp = cluster._ipp
     roles, info = _controller_roles(ipp)
@@ -208,8 +209,6 @@ def _kernel_channel_roles() -> dict[int, tuple[str, str, str]]:
 
 def _kernel_endpoints(cluster) -> list[Endpoint]:
     """Every socket this (the kernel's) process listens on."""
-    from ..engine.probes import listening_sockets
-
     roles = _kernel_roles(cluster)
     out = []
     for host, port in listening_sockets():
@@ -353,8 +352,6 @@ def audit(cluster) -> list[Endpoint]:
     list of Endpoint
         The coordination service first.
     """
-    from ..engine import probes
-
     # Rank order: the reports are read by position.
     reports = list(cluster.call(None, probes.network_endpoints, timeout=30.0).values().values())
     out = [_coordinator_endpoint(cluster)]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from .. import _compat, _ranges
-from ..engine import bootstrap
+from ..engine.registry import engine_module
 from . import security
 from .profile import controller_file, engine_file, make_profile
 from .records import ClusterStartError, ProcessInfo
@@ -29,6 +29,8 @@ MISSING_ASK_S = 5.0
 # Missing processes whose output a registration timeout shows.
 MISSING_SHOWN = 3
 _POLL_S = 0.05
+
+bootstrap = engine_module("bootstrap")
 
 
 def _tail(text: str, lines: int = 15) -> str:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# Also used on the kernel side (the audit of its own sockets), so it lives in a module
+# without JAX; engines read it from here as before.
+from .sockets import listening_sockets
+
+
 
 def _jax_leaves(value: Any) -> tuple[list, bool]:
     """Leaves of ``value`` if it is a pytree holding jax arrays, and whether any spans processes."""
@@ -88,26 +93,6 @@ def inspect(code: str, cursor_pos: int, detail_level: int = 0) -> dict:
 
     kernel = get_ipython().kernel
     return dict(kernel.do_inspect(code, cursor_pos, detail_level))
-
-
-def listening_sockets(pid: int | None = None) -> list[tuple[str, int]]:
-    """The TCP sockets a process listens on, as ``(host, port)``; empty if it is gone.
-
-    An IPv4 address seen through an IPv6 socket (``::ffff:127.0.0.1``) is given as IPv4.
-    """
-    import psutil
-
-    try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return []
-    return sorted(
-        {
-            (c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)
-            for c in conns
-            if c.status == psutil.CONN_LISTEN
-        }
-    )
 
 
 def network_endpoints() -> dict:

@@ -18,11 +18,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
+from ..engine.registry import engine_module
 from .actions_args import count, rank
 
 # Seconds a process may take to answer before the action gives up on it (it may be busy
 # with an earlier cell, and the kernel must not wait for it forever).
 ANSWER_TIMEOUT = 10.0
+
+engine_cache = engine_module("cache")
 
 # The live cache view of each session, replaced by the next one (one subscription each).
 _views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -198,8 +201,6 @@ def cache(session, args: argparse.Namespace) -> Any:
         %jaxsys cache misses --proc 1
         %jaxsys cache clear
     """
-    from ..engine import cache as engine_cache
-
     cluster = session.require_cluster()
     if args.what == "clear":
         return _clear(cluster, engine_cache)

@@ -15,12 +15,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
+from ..engine.registry import engine_module
 from ..telemetry.schema import transfer_counts_text
 from .actions_args import seconds
 from .actions_cache import ask
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 SHORT = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device"}
+
+guards = engine_module("guards")
+engine_barrier = engine_module("barrier")
 
 
 def _level(text: str) -> str:
@@ -104,9 +108,6 @@ def transfer_guard(session, args: argparse.Namespace) -> None:
         %jaxsys transfer-guard --h2d disallow_explicit
         %jaxsys transfer-guard
     """
-    # Deferred: the engine module only names the functions shipped to the engines.
-    from ..engine import guards
-
     cluster = session.require_cluster()
     settings = guard_settings(args.level, args.h2d, args.d2h, args.d2d)
     if settings:
@@ -117,9 +118,6 @@ def transfer_guard(session, args: argparse.Namespace) -> None:
 
 def arm_thread_guard(cluster, ranks: list[int]) -> None:
     """Run the next cell of each process in ``ranks`` under ``jax.thread_guard``."""
-    # Deferred: the engine module only names the function shipped to the engines.
-    from ..engine import guards
-
     ask(cluster, ranks, guards.arm_thread_guard)
 
 
@@ -190,8 +188,6 @@ def run_barrier(cluster, name: str, timeout: float, on_progress=print) -> dict:
         ``arrived`` and ``missing`` (ranks), ``busy`` (ranks that never started waiting),
         ``waited`` (seconds per rank that passed), ``errors`` (rank: text).
     """
-    from ..engine import barrier as engine_barrier
-
     barrier_id = f"{name}.{uuid.uuid4().hex[:12]}"
     deadline = time.time() + timeout
     pending = cluster.submit(

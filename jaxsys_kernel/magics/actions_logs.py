@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
-from ..engine import output
+from ..engine.registry import engine_module
 from .actions_args import count, rank
 
 __all__ = ["LOGS_TIMEOUT", "logs", "process_log"]
@@ -16,6 +16,8 @@ __all__ = ["LOGS_TIMEOUT", "logs", "process_log"]
 # Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
 # stuck in an earlier cell, and the kernel must not wait for it forever).
 LOGS_TIMEOUT = 10.0
+
+output = engine_module("output")
 
 
 @magic_arguments("jaxsys logs")

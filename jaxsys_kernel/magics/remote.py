@@ -10,12 +10,14 @@ from IPython.core.error import UsageError
 
 from .._ranges import format_procs
 from ..cells.spmd import is_local_cell
-from ..engine import probes
+from ..engine.registry import engine_module
 
 # Seconds a completion or inspection request may take before the kernel answers itself.
 REMOTE_TIMEOUT = 5.0
 # Seconds %pull waits for the processes (a large global array takes a while to gather).
 PULL_TIMEOUT = 120.0
+
+probes = engine_module("probes")
 
 
 class RemoteValues:
