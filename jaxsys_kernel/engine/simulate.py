@@ -187,6 +187,24 @@ def block_layout(
     shape = [int(n) for n in shape]
     names = [str(a) for a in mesh_axis_names]
     sizes = dict(zip(names, (int(s) for s in mesh_shape), strict=True))
+    per_dim, chunks = _split_dims(shape, spec_axes, sizes, names)
+    if len(device_ids) != math.prod(sizes.values()):
+        raise ValueError(f"mesh shape {list(mesh_shape)} needs {math.prod(sizes.values())} ids")
+    lookup = process_of if callable(process_of) else process_of.__getitem__
+    return [
+        {
+            "device": int(dev),
+            "process": int(lookup(int(dev))),
+            "index": _block_index(flat, names, sizes, per_dim, chunks),
+        }
+        for flat, dev in enumerate(device_ids)
+    ]
+
+
+def _split_dims(
+    shape: list[int], spec_axes: Sequence[Any], sizes: dict[str, int], names: list[str]
+) -> tuple[list[list[str]], list[int]]:
+    """The mesh axes of each array dim, and each dim's block length, checked."""
     if len(spec_axes) > len(shape):
         raise ValueError(f"spec has {len(spec_axes)} entries for a {len(shape)}-d array")
     per_dim = [_spec_axes(e) for e in spec_axes] + [[]] * (len(shape) - len(spec_axes))
@@ -204,24 +222,23 @@ def block_layout(
                 f"dim {dim} of size {shape[dim]} does not split evenly into {parts} parts"
             )
         chunks.append(shape[dim] // parts)
-    if len(device_ids) != math.prod(sizes.values()):
-        raise ValueError(f"mesh shape {list(mesh_shape)} needs {math.prod(sizes.values())} ids")
-    lookup = process_of if callable(process_of) else process_of.__getitem__
+    return per_dim, chunks
 
-    out = []
-    for flat, dev in enumerate(device_ids):
-        # Mesh coordinate of this position, row-major.
-        coord, rest = {}, flat
-        for name in reversed(names):
-            rest, coord[name] = divmod(rest, sizes[name])
-        index = []
-        for dim, axes in enumerate(per_dim):
-            tile = 0
-            for a in axes:
-                tile = tile * sizes[a] + coord[a]
-            index.append([tile * chunks[dim], (tile + 1) * chunks[dim]])
-        out.append({"device": int(dev), "process": int(lookup(int(dev))), "index": index})
-    return out
+
+def _block_index(
+    flat: int, names: list[str], sizes: dict[str, int], per_dim: list[list[str]], chunks: list[int]
+) -> list[list[int]]:
+    """``[[start, stop], ...]`` of the block at row-major mesh position ``flat``."""
+    coord, rest = {}, flat
+    for name in reversed(names):
+        rest, coord[name] = divmod(rest, sizes[name])
+    index = []
+    for dim, axes in enumerate(per_dim):
+        tile = 0
+        for a in axes:
+            tile = tile * sizes[a] + coord[a]
+        index.append([tile * chunks[dim], (tile + 1) * chunks[dim]])
+    return index
 
 
 class FakeNamedSharding:
