@@ -31,14 +31,14 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from .. import _compat
+from .. import _compat, protocol
 from .._version import __version__
 from ..errors import ProtocolError
 from ..magics.controls import ALIASES, CONTROLS, RANK_CONTROLS
 from ..magics.health import health
 
 TARGET = "jaxsys"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = protocol.SCHEMA_VERSION
 
 #: Actions shared with the dashboard's controls (carried out by ``session.control``).
 CONTROL_ACTIONS = CONTROLS
@@ -56,7 +56,7 @@ MAX_COMMS = 8
 STOP_WAIT = 30.0
 
 # Liveness states that put the status bar into its warning state.
-WARNING_STATES = ("dead", "stuck")
+WARNING_STATES = protocol.WARNING_STATES
 
 
 class CommandError(ProtocolError):
@@ -244,8 +244,20 @@ class ClusterComms:
 
     # -- comms ----------------------------------------------------------------------------
 
-    def on_open(self, comm, _open_msg=None) -> None:
-        """Take a comm the front end opened: serve it and send it the state."""
+    def on_open(self, comm, open_msg=None) -> None:
+        """Take a comm the front end opened: serve it and send it the state.
+
+        A front end that speaks another schema version gets a state naming both versions,
+        and the comm is closed.
+        """
+        data = ((open_msg or {}).get("content") or {}).get("data") or {}
+        mismatch = protocol.version_mismatch(data.get("v") if isinstance(data, dict) else None)
+        if mismatch:
+            state = {"kernel": {"pid": os.getpid(), "version": __version__}, "error": mismatch}
+            state.update(cell_running=self.cell_running, cluster=None)
+            comm.send({"type": "state", "v": SCHEMA_VERSION, "state": state})
+            comm.close()
+            return
         subshell = self.control_subshell()
         if subshell is not None:
             _compat.route_comm_to_subshell(comm, subshell)
