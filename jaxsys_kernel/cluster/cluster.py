@@ -397,6 +397,11 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
         self.refresh_states()
         return [{**p.to_dict(), "rss": local_rss(p.host, p.pid)} for p in self.processes]
 
+    def job(self) -> dict | None:
+        """The scheduler job the processes run in: ``job_id``, ``state`` (with the
+        scheduler's reason) and ``nodes``; None for clusters outside any scheduler."""
+        return self._launcher.job()
+
     def refresh_states(self) -> None:
         """Mark processes whose engine has gone away as ``dead``."""
         if self.client is None or self.state != "ready":

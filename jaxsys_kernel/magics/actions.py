@@ -23,6 +23,7 @@ from .actions_args import did_you_mean, env_pairs, rank, seconds, split
 from .actions_cache import cache
 from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
+from .actions_jobs import attach, job_line, launcher_options, scheduler_arguments
 from .actions_logs import logs
 from .boundary import usage_errors
 from .health import health
@@ -133,6 +134,7 @@ def format_status(rows: list[dict]) -> str:
     action="store_true",
     help="run every cell under jax.thread_guard (multi-process operations from one thread only)",
 )
+@scheduler_arguments
 def start(session, args: argparse.Namespace) -> None:
     """Launch one process per host and join them into one JAX world.
 
@@ -158,6 +160,7 @@ def start(session, args: argparse.Namespace) -> None:
         %jaxsys start --hosts 2 --transfer-ports --thread-guard
         %jaxsys start --hosts 2 --cache-dir /tmp/jax-cache --env XLA_FLAGS=--xla_dump_to=/tmp/x
         %jaxsys start --launcher ssh --hosts node1,node2
+        %jaxsys start --launcher slurm --hosts 4 --partition debug --time 30:00
     """
     hosts = None
     if args.hosts is not None:
@@ -179,6 +182,7 @@ def start(session, args: argparse.Namespace) -> None:
         },
         **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
         **({"recoverable": False} if args.no_recoverability else {}),
+        **launcher_options(args),
     )
     session.thread_guard = args.thread_guard
     if args.explain:
@@ -274,6 +278,9 @@ def status(session, args: argparse.Namespace) -> None:
     broken = getattr(session, "broken", None)
     print(health(session.cluster, broken, {r["rank"]: r["state"] for r in rows}).line())
     print(format_status(rows))
+    job = job_line(session.cluster)
+    if job:
+        print(job)
     print(f"security: {session.cluster.security}")
     rotation = session.rotation_line()
     if rotation:
@@ -395,6 +402,7 @@ ACTIONS: dict[str, Action] = {
         Action("logs", logs, "%jaxsys logs needs a process, e.g. %jaxsys logs 0"),
         Action("cache", cache),
         Action("transfer-guard", transfer_guard),
+        Action("attach", attach, "%jaxsys attach needs a Slurm job id, e.g. %jaxsys attach 1234"),
         Action("barrier", barrier, "%jaxsys barrier needs a name, e.g. %jaxsys barrier step-1"),
     )
 }

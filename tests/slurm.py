@@ -1,0 +1,248 @@
+"""A private Slurm for tests: munged and slurmctld here, one slurmd in each of three
+network-namespace hosts.
+
+Everything lives in one temporary directory (configuration, munge key and socket, state,
+spools, logs); nothing under /etc or /run is touched, and no systemd is needed. Clients
+(``sbatch``, ``squeue``, ``srun``, a kernel started by a test) find this Slurm through
+``SLURM_CONF``, which :attr:`SlurmHosts.env` carries.
+
+Each slurmd runs in its host's network namespace, entered with ``nsenter --net`` (``ip
+netns exec`` remounts /sys, and slurmd then stops for want of /sys/fs/cgroup), in a UTS
+and mount namespace of its own: the host is called ``hostI``, and a hosts file bound over
+/etc/hosts names every host and this machine (at the bridge's address). Processes that a
+job starts inherit all three namespaces.
+
+Needs root, ``munged``, ``slurmctld``, ``slurmd``, the Slurm clients, ``nsenter`` and
+``unshare``; :func:`available` says what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests import netns
+
+TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
+# Seconds allowed for the daemons to come up, and for the queue to drain at teardown.
+START_TIMEOUT = 30.0
+DRAIN_TIMEOUT = 20.0
+
+
+def available() -> str | None:
+    """Why a private Slurm cannot run here, or None if it can."""
+    missing = [t for t in (*TOOLS, "nsenter", "unshare") if shutil.which(t) is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not found: install slurm-wlm and munge "
+            "(apt-get install slurm-wlm munge)"
+        )
+    return netns.available()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _conf(d: Path, bridge: str, hosts: list[tuple[str, str]], port: int) -> str:
+    nodes = "\n".join(
+        f"NodeName={name} NodeAddr={addr} CPUs=4 RealMemory=2000 State=UNKNOWN"
+        for name, addr in hosts
+    )
+    return f"""\
+ClusterName=jaxsystest
+SlurmctldHost={socket.gethostname()}({bridge})
+SlurmctldPort={port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={d}/munge/munge.sock
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MailProg=/bin/true
+KillWait=2
+MinJobAge=2
+SlurmdParameters=config_overrides
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool/%n
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd-%n.pid
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={d}/log/slurmd-%n.log
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmHosts:
+    """A private Slurm cluster of ``n`` namespace hosts (``host0`` ... ``host{n-1}``).
+
+    Attributes
+    ----------
+    hosts : netns.TestHosts
+        The namespaces; host ``i`` runs the slurmd of node ``host{i}``.
+    env : dict
+        What a client needs: ``SLURM_CONF``.
+    dir : Path
+        The temporary directory holding everything.
+    """
+
+    __test__ = False
+
+    def __init__(self, n: int = 3):
+        self.n = n
+        self.hosts = netns.TestHosts(n, prefix="slm", pin_hostname=False)
+        self.dir = Path(tempfile.mkdtemp(prefix="jaxsys-slurm-"))
+        self.env: dict[str, str] = {}
+        self._procs: list[subprocess.Popen] = []
+        self.node_names = [f"host{i}" for i in range(n)]
+
+    def __enter__(self) -> SlurmHosts:
+        try:
+            self.hosts.__enter__()
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _daemon(self, argv: list[str], log: str) -> None:
+        with open(self.dir / "log" / log, "wb") as out:
+            self._procs.append(
+                subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+
+    def _start(self) -> None:
+        d = self.dir
+        for sub in ("munge", "state", "log", *(f"spool/{h}" for h in self.node_names)):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d / "munge", 0o700)
+        key = d / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        bridge = self.hosts.bridge_address
+        pairs = list(zip(self.node_names, self.hosts.host_addresses, strict=True))
+        hosts_file = d / "hosts"
+        hosts_file.write_text(
+            "127.0.0.1 localhost\n"
+            f"{bridge} {socket.gethostname()}\n" + "".join(f"{a} {h}\n" for h, a in pairs)
+        )
+        conf = d / "slurm.conf"
+        conf.write_text(_conf(d, bridge, pairs, _free_port()))
+        self.env = {"SLURM_CONF": str(conf)}
+        os.environ.update(self.env)
+        m = d / "munge"
+        self._daemon(
+            [
+                "munged", "-F", "--force", f"--socket={m}/munge.sock", f"--key-file={key}",
+                f"--pid-file={m}/munged.pid", f"--log-file={d}/log/munged.log",
+                f"--seed-file={m}/seed",
+            ],
+            "munged.out",
+        )  # fmt: skip
+        self._wait(lambda: (m / "munge.sock").exists(), "munged's socket")
+        self._daemon(["slurmctld", "-D", "-f", str(conf)], "slurmctld.out")
+        for i, name in enumerate(self.node_names):
+            inner = (
+                f"hostname {name} && mount --bind {hosts_file} /etc/hosts && "
+                f"exec slurmd -D -N {name} -f {conf}"
+            )
+            self._daemon(
+                [
+                    "nsenter", f"--net=/run/netns/{self.hosts.namespaces[i]}",
+                    "unshare", "--uts", "--mount", "sh", "-c", inner,
+                ],
+                f"slurmd-{name}.out",
+            )  # fmt: skip
+        self._wait(self._all_idle, f"{self.n} idle Slurm nodes")
+
+    def _all_idle(self) -> bool:
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=10
+        )
+        states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+        return len(states) == self.n and all(s == "idle" for s in states.values())
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not ready():
+            dead = [p.args[0] for p in self._procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited; logs in {self.dir}/log")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {what} within {START_TIMEOUT:g} s; logs in {self.dir}/log")
+            time.sleep(0.1)
+
+    # -- what tests ask ----------------------------------------------------------------------
+
+    def queue(self) -> list[str]:
+        """``JOBID STATE`` of every job in the queue."""
+        r = subprocess.run(
+            ["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=10
+        )
+        return [line.strip() for line in r.stdout.splitlines() if line.strip()]
+
+    def wait_queue_empty(self, timeout: float = DRAIN_TIMEOUT) -> float:
+        """Seconds until the queue was empty; raises if it is not within ``timeout``."""
+        t0 = time.monotonic()
+        while self.queue():
+            if time.monotonic() - t0 > timeout:
+                raise AssertionError(f"jobs still queued after {timeout:g} s: {self.queue()}")
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def namespace_pids(self) -> list[int]:
+        """Pids in the hosts' namespaces other than the slurmd daemons."""
+        ours = {p.pid for p in self._procs}
+        pids = []
+        for ns in self.hosts.namespaces:
+            for pid in netns.namespace_pids(ns):
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if pid in ours or any(b"slurmd" in part for part in cmd[:1]):
+                    continue
+                pids.append(pid)
+        return pids
+
+    def close(self) -> None:
+        """Cancel every job, stop the daemons, remove the namespaces and the directory."""
+        if self.env:
+            subprocess.run(["scancel", "--full", "-s", "KILL", "-u", "root"], timeout=10,
+                           capture_output=True, check=False)  # fmt: skip
+            subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=10, check=False)
+        for p in reversed(self._procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in self._procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+        self._procs = []
+        for k in self.env:
+            if os.environ.get(k) == self.env[k]:
+                del os.environ[k]
+        self.hosts.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
