@@ -83,51 +83,37 @@ def global_batch(
 ) -> Any:
     """Load a global batch, reading only the slices this process's devices need.
 
-    Call it on every process (inside ``%%multihost``); each reads its own slices and the
-    result is one ``jax.Array`` spanning all processes. Bytes, slices and time go to
-    :func:`~jaxsys_kernel.data.stats`.
+    Call it on every process; each reads its own slices and the result is one
+    ``jax.Array`` spanning all processes (counted in :func:`~jaxsys_kernel.data.stats`).
 
     Parameters
     ----------
     source : numpy.ndarray, numpy.memmap, str or os.PathLike, or Grain dataset
-        An array holding the global batch (or several along dim 0; see ``step``), a path
-        to a ``.npy`` file (memory-mapped, read by slices, never whole; it stays mapped
-        between calls until it changes or :func:`~jaxsys_kernel.data.close_files`), or a
-        Grain ``MapDataset`` / random-access data source whose records are rows.
+        An array (one or more global batches along dim 0), a ``.npy`` path (memory-mapped
+        and read by slices; see :func:`~jaxsys_kernel.data.close_files`), or a Grain
+        ``MapDataset`` / random-access source whose records are rows.
     sharding : jax.sharding.Sharding
         The layout of the global batch.
     global_shape : tuple of int, optional
         The batch's shape; by default the whole array. Required for a Grain source.
     strategy : {"process", "device", "all"}, optional
-        One reader per process (merged slices; the default), one per device, or every
-        process reads everything (see :func:`~jaxsys_kernel.data.planner.plan`). Grain sources
-        support only ``"process"``.
+        One reader per process (the default), one per device, or every process reads
+        everything (see :func:`~jaxsys_kernel.data.planner.plan`); Grain: ``"process"`` only.
     step : int, optional
-        Which batch: rows ``step * B`` to ``(step + 1) * B`` of an array source, or the
-        ``step``-th run of records of this process's share of a Grain source.
+        Which batch: rows ``step * B`` to ``(step + 1) * B`` of an array, or the
+        ``step``-th run of this process's share of a Grain source.
 
     Returns
     -------
     jax.Array
-        The global batch, laid out by ``sharding``.
-
-    Raises
-    ------
-    TypeError
-        For a source of an unknown kind.
-    ValueError
-        For shapes that do not fit, a step past the end, or a strategy a Grain source
-        cannot follow.
+        The global batch, laid out by ``sharding``. A source of an unknown kind raises
+        TypeError; shapes that do not fit or a step past the end raise ValueError.
 
     Examples
     --------
     ::
 
         %%multihost
-        import jax
-        from jax.sharding import NamedSharding, PartitionSpec as P
-        from jaxsys_kernel import data
-
         mesh = jax.make_mesh((jax.device_count(),), ("batch",))
         x = data.global_batch("train.npy", NamedSharding(mesh, P("batch")), (256, 784))
     """

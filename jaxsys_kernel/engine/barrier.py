@@ -74,22 +74,42 @@ def wait(barrier_id: str, name: str, timeout: float, deadline: float | None = No
         Naming the processes that had not arrived when ``timeout`` passed.
     """
     import jax
-    from jax._src import distributed
 
-    client = distributed.global_state.client
-    if client is None:
-        raise RuntimeError("jax.distributed is not initialised in this process")
+    client = coordination_client()
     rank, nprocs = jax.process_index(), jax.process_count()
     if deadline is not None and time.time() > deadline:
         return {"rank": rank, "waited": 0.0, "late": True}
     start = time.monotonic()
     client.key_value_set(f"{KEY_PREFIX}/{barrier_id}/{rank}", str(time.time()))
+    _wait_for_all(client, barrier_id, name, rank, nprocs, timeout, start)
+    left = max(1.0, timeout - (time.monotonic() - start))
+    client.wait_at_barrier(f"jaxsys-{barrier_id}", int(left * 1000))
+    return {"rank": rank, "waited": time.monotonic() - start, "late": False}
+
+
+def coordination_client():
+    """This process's client of JAX's coordination service.
+
+    JAX 0.12 exposes it only as ``jax._src.distributed.global_state.client``: private, so
+    reached in this one place.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialised in this process")
+    return client
+
+
+def _wait_for_all(client, barrier_id, name, rank, nprocs, timeout, start) -> None:
+    """Watch the barrier's keys until every process has arrived, saying who is missing
+    whenever that changes; raise BarrierTimeout once ``timeout`` has passed."""
     last_missing: list[int] | None = None
     while True:
         here = arrived(client, barrier_id, nprocs)
         missing = [r for r in range(nprocs) if r not in here]
         if not missing:
-            break
+            return
         left = timeout - (time.monotonic() - start)
         if left <= 0:
             raise BarrierTimeout(
@@ -111,6 +131,3 @@ def wait(barrier_id: str, name: str, timeout: float, deadline: float | None = No
             )
         except Exception:  # noqa: BLE001 - not there yet: read the directory again
             pass
-    left = max(1.0, timeout - (time.monotonic() - start))
-    client.wait_at_barrier(f"jaxsys-{barrier_id}", int(left * 1000))
-    return {"rank": rank, "waited": time.monotonic() - start, "late": False}
