@@ -177,7 +177,14 @@ def _stats(cluster) -> list:
     metavar="B",
     help="write only entries of at least B bytes (-1: no minimum)",
 )
-@argument("--proc", default=None, metavar="P", help="with misses: only this process")
+@argument(
+    "--procs",
+    "--proc",
+    dest="proc",
+    default=None,
+    metavar="P",
+    help="with misses: only this process (--proc is the older name)",
+)
 @argument("--limit", type=count, default=10, metavar="N", help="with misses: newest N per process")
 def cache(session, args: argparse.Namespace) -> Any:
     """Show the persistent compilation cache: where, what, and what each process got.
@@ -198,7 +205,7 @@ def cache(session, args: argparse.Namespace) -> Any:
 
         %jaxsys cache
         %jaxsys cache --min-compile-secs 0 --min-entry-bytes -1
-        %jaxsys cache misses --proc 1
+        %jaxsys cache misses --procs 1
         %jaxsys cache clear
     """
     cluster = session.require_cluster()

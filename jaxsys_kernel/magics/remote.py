@@ -35,7 +35,7 @@ class RemoteValues:
             raise UsageError(f"%pull takes a variable name, got {name!r}")
         if not 0 <= proc < cluster.nprocs:
             raise UsageError(
-                f"--proc {proc} is outside this cluster's processes 0-{cluster.nprocs - 1}"
+                f"--procs {proc} is outside this cluster's processes 0-{cluster.nprocs - 1}"
             )
         ref = ipp.Reference(name)
         kind = self._pull_one(
