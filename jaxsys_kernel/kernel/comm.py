@@ -3,14 +3,16 @@
 The front end (``labextension/``) opens one comm with target :data:`TARGET` per kernel. The
 kernel pushes the state of its cluster over it (from the telemetry hub's subscription, at
 most :data:`MAX_RATE` times a second, and after every cell and command); the front end
-sends commands back. The schema, version :data:`SCHEMA_VERSION`, is JSON both ways:
+sends commands back. The schema, version :data:`SCHEMA_VERSION`, is JSON both ways
+(declared in :mod:`jaxsys_kernel.protocol`):
 
 front end -> kernel
     ``{"type": "command", "action": ACTION, "rank": int | null, "id": str}``: one of
     :data:`ACTIONS`. The dashboard's control buttons send the same ``{"action", "rank"}``
     pair (as widget custom messages), and both are carried out by
     :meth:`MultihostSession.control <jaxsys_kernel.magics.session.MultihostSession.control>`
-    where their actions overlap. ``{"type": "refresh"}`` asks for the state.
+    where their actions overlap. ``{"type": "refresh"}`` asks for the state, and
+    ``{"type": "group", "group": int | null}`` opens one group of a large cluster's summary.
 kernel -> front end
     ``{"type": "state", "v": 1, "state": STATE}`` (see :func:`cluster_state`) and
     ``{"type": "reply", "id": str, "action": ACTION, "ok": bool, "message": str,
@@ -36,6 +38,7 @@ from .._version import __version__
 from ..errors import ProtocolError
 from ..magics.controls import ALIASES, CONTROLS, RANK_CONTROLS
 from ..magics.health import health
+from ..telemetry import aggregate
 
 TARGET = "jaxsys"
 SCHEMA_VERSION = protocol.SCHEMA_VERSION
@@ -109,6 +112,7 @@ def _process_rows(cluster, lives: dict) -> list[dict]:
                 "state": state,
                 "heartbeat_age": age,
                 "busy": busy,
+                "error": p.died,
             }
         )
     return rows
@@ -128,7 +132,7 @@ def _cache_summary(hub) -> dict | None:
     return total
 
 
-def cluster_state(session, *, cell_running: bool = False) -> dict:
+def cluster_state(session, *, cell_running: bool = False, group: int | None = None) -> dict:
     """The state the front end draws: the cluster, its processes, cache and security.
 
     Parameters
@@ -137,6 +141,9 @@ def cluster_state(session, *, cell_running: bool = False) -> dict:
         The kernel's session.
     cell_running : bool
         Whether a cell is running in the kernel now.
+    group : int, optional
+        The group of the summary whose rows to send, for clusters above
+        :data:`~jaxsys_kernel.telemetry.aggregate.ROWS_UP_TO` processes.
 
     Returns
     -------
@@ -146,7 +153,9 @@ def cluster_state(session, *, cell_running: bool = False) -> dict:
         ``cluster``: None when no cluster
         runs, else ``state`` (``starting``, ``ready``, ``restarting``), ``nprocs``,
         ``alive``, ``devices``, ``live_devices``, ``warning`` (a process is dead or stuck),
-        ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy), ``cache``
+        ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy, error; above
+        ``ROWS_UP_TO`` processes only those of the open ``group``), ``summary`` (None up to
+        ``ROWS_UP_TO`` processes, else by state, by group and by error), ``cache``
         (totals and ``hit_rate``, None without telemetry), ``security`` and
         ``heartbeat_timeout``.
     """
@@ -177,12 +186,23 @@ def cluster_state(session, *, cell_running: bool = False) -> dict:
         "devices": sum(len(r["devices"]) for r in rows),
         "live_devices": sum(len(r["devices"]) for r in alive),
         "warning": any(r["state"] in WARNING_STATES for r in rows),
-        "processes": rows,
+        **_rows_or_summary(rows, group),
         "cache": _cache_summary(hub),
         "security": cluster.security,
         "heartbeat_timeout": cluster.heartbeat_timeout,
     }
     return out
+
+
+def _rows_or_summary(rows: list[dict], group: int | None) -> dict:
+    """Every row for small clusters; a summary and one open group's rows for large ones."""
+    if len(rows) <= aggregate.ROWS_UP_TO:
+        return {"processes": rows, "summary": None, "group": None}
+    summary = aggregate.summarize(rows)
+    if group is not None and not 0 <= group < len(summary["groups"]):
+        group = None
+    opened = [] if group is None else aggregate.group_rows(rows, group, len(rows))
+    return {"processes": opened, "summary": summary, "group": group}
 
 
 class _ControlReport:
@@ -219,6 +239,8 @@ class ClusterComms:
         self._unsubscribe = None
         self._cell_done = threading.Event()
         self._cell_done.set()
+        # The group of a large cluster's summary the front end opened (None: none).
+        self.open_group: int | None = None
 
     # -- registration ---------------------------------------------------------------------
 
@@ -283,6 +305,11 @@ class ClusterComms:
         """Handle one message from the front end (on the control subshell)."""
         data = msg.get("content", {}).get("data", {})
         if isinstance(data, dict) and data.get("type") == "refresh":
+            self.push()
+            return
+        if isinstance(data, dict) and data.get("type") == "group":
+            group = data.get("group")
+            self.open_group = group if type(group) is int and group >= 0 else None
             self.push()
             return
         try:
@@ -367,7 +394,9 @@ class ClusterComms:
             cluster = self.session.cluster
             self._subscribe(None if cluster is None else cluster.telemetry)
         try:
-            state = cluster_state(self.session, cell_running=self.cell_running)
+            state = cluster_state(
+                self.session, cell_running=self.cell_running, group=self.open_group
+            )
         except Exception as e:  # noqa: BLE001 - a broken state must not break cells or telemetry
             state = {
                 "kernel": {"pid": os.getpid(), "version": __version__},
