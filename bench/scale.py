@@ -1,0 +1,192 @@
+"""How jaxsys grows with the number of processes on this machine.
+
+What is measured, in one run
+----------------------------
+For each size N (default 2, 4, 8, 16, 32, 64; one CPU device per process, since the number
+of devices takes no part in start-up or dispatch), a fresh local cluster is started and:
+
+1. **ready**: seconds from ``Cluster.start`` until every process has initialised JAX, with
+   the registration deadline left to grow with N (the default);
+2. **memory**: each idle process's resident memory (psutil), mean and total;
+3. **cell**: the round trip of a trivial cell (``x = 1``) through jaxsys's executor, median
+   of a few after one warm-up;
+4. **restart**: seconds for a world restart (every process replaced and re-initialised).
+
+The growth per added process is the least-squares slope of each figure over N. Then, at
+``--dispatch-at`` processes (32), ``%%multihost`` against ipyparallel's ``%%px`` on the same
+engines of a real jaxsys kernel, driven over the Jupyter protocol by ``bench/dispatch.py``.
+A size whose processes would not fit in the memory available now is skipped, saying so.
+
+Usage: ``python bench/scale.py [--sizes 2,4,8,16,32,64] [--dispatch-at 32] [--reps 5]``.
+The script prints figures and ratios and never fails on them; it exits non-zero only when
+the benchmark itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from jaxsys_kernel import Cluster  # noqa: E402
+from jaxsys_kernel import cells as executor  # noqa: E402
+
+# A process's memory when idle, measured here before the first run; used only to refuse a
+# size that cannot fit before trying it (the run measures the real figure).
+IDLE_PROCESS_BYTES = 260e6
+# Headroom left for the kernel, the controller and everything else on the machine.
+HEADROOM_BYTES = 2e9
+TRIVIAL_CELL = "x = 1"
+
+
+class Quiet(executor.Sink):
+    """Swallows the cells' output."""
+
+    def stdout(self, text):
+        pass
+
+    stderr = stdout
+
+
+def progress(n: int):
+    """A progress callback that prints each stage's k/N at most every 10 %."""
+    shown: dict[str, int] = {}
+
+    def report(ev) -> None:
+        step = max(1, ev.total // 10)
+        if ev.done == ev.total or ev.done - shown.get(ev.stage, -step) >= step:
+            shown[ev.stage] = ev.done
+            print(f"    n={n}: {ev.stage} {ev.done}/{ev.total}", flush=True)
+
+    return report
+
+
+def fits(n: int, per_process: float) -> bool:
+    """Whether ``n`` more processes fit in the memory available now."""
+    return n * per_process + HEADROOM_BYTES <= psutil.virtual_memory().available
+
+
+def measure(n: int, reps: int) -> dict:
+    """Start, measure and stop one cluster of ``n`` processes."""
+    cluster = Cluster(hosts=n, devices_per_host=1, progress=progress(n))
+    try:
+        t0 = time.perf_counter()
+        cluster.start_sync()
+        ready = time.perf_counter() - t0
+        rss = [r["rss"] for r in cluster.status() if r["rss"] is not None]
+        executor.raise_for_run(executor.execute(cluster, TRIVIAL_CELL, sink=Quiet()))
+        cells = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run = executor.execute(cluster, TRIVIAL_CELL, sink=Quiet())
+            cells.append(time.perf_counter() - t0)
+            executor.raise_for_run(run)
+        restart = cluster.restart_sync()
+        return {
+            "n": n,
+            "ready": ready,
+            "restart": restart,
+            "cell": statistics.median(cells),
+            "rss_mean": statistics.mean(rss) if rss else float("nan"),
+            "rss_total": sum(rss),
+            "deadline": cluster.register_timeout,
+        }
+    finally:
+        cluster.stop_sync()
+
+
+def slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares growth of a figure per added process."""
+    if len(points) < 2:
+        return float("nan")
+    xs, ys = zip(*points, strict=True)
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in points) / den if den else float("nan")
+
+
+def dispatch_ratio(n: int, reps: int) -> float | None:
+    """``%%multihost`` / ``%%px`` median round trip at ``n`` processes (bench/dispatch.py)."""
+    import dispatch
+
+    r = dispatch.measure(n, reps, warmup=3)
+    if r["leftovers"]:
+        print(f"  WARNING: left over after the kernel: {', '.join(r['leftovers'])}")
+    mh, px = statistics.median(r["times"]["multihost"]), statistics.median(r["times"]["px"])
+    print(
+        f"  n={n}: %%multihost {mh * 1e3:.1f} ms, %%px {px * 1e3:.1f} ms "
+        f"(medians of {reps}, interleaved)"
+    )
+    return mh / px
+
+
+def print_table(results: list[dict]) -> None:
+    header = (
+        f"{'n':>4} {'ready s':>8} {'restart s':>9} {'cell ms':>8} "
+        f"{'MB/process':>10} {'GB total':>8} {'deadline s':>10}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in results:
+        print(
+            f"{r['n']:>4} {r['ready']:>8.1f} {r['restart']:>9.1f} {r['cell'] * 1e3:>8.1f} "
+            f"{r['rss_mean'] / 1e6:>10.0f} {r['rss_total'] / 1e9:>8.1f} {r['deadline']:>10.0f}"
+        )
+    for key, unit, scale in (("ready", "s", 1), ("restart", "s", 1), ("cell", "ms", 1e3)):
+        per = slope([(r["n"], r[key] * scale) for r in results])
+        print(f"growth per added process: {key} {per:.3f} {unit}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="2,4,8,16,32,64", help="process counts")
+    ap.add_argument("--dispatch-at", type=int, default=32, help="0: skip the %%px comparison")
+    ap.add_argument("--reps", type=int, default=5, help="timed trivial cells per size")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    load0 = os.getloadavg()
+    print(
+        f"scale: sizes {sizes}, {os.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 1e9:.0f} GB memory",
+        flush=True,
+    )
+    results: list[dict] = []
+    per_process = IDLE_PROCESS_BYTES
+    for n in sizes:
+        if not fits(n, per_process):
+            avail = psutil.virtual_memory().available / 1e9
+            print(
+                f"  n={n}: skipped, {n} x {per_process / 1e6:.0f} MB does not fit in "
+                f"the {avail:.1f} GB available",
+                flush=True,
+            )
+            continue
+        r = measure(n, args.reps)
+        per_process = r["rss_mean"] if r["rss_mean"] == r["rss_mean"] else per_process
+        results.append(r)
+        print(
+            f"  n={n}: ready {r['ready']:.1f} s, restart {r['restart']:.1f} s, "
+            f"cell {r['cell'] * 1e3:.1f} ms",
+            flush=True,
+        )
+    print_table(results)
+    ratio = dispatch_ratio(args.dispatch_at, 10) if args.dispatch_at else None
+    if ratio is not None:
+        print(f"%%multihost / %%px at {args.dispatch_at}: {ratio:.2f} (target <= 1.0)")
+    load1 = os.getloadavg()
+    print(
+        f"load average (1, 5, 15 min): at start {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, "
+        f"at end {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
