@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .engine.export_info import aval_text, constraints_of, leaf_names, mesh_of, symbols_of
 from .errors import EngineError
 
 __all__ = ["ExportCallError", "LoadedExport", "check_call", "load_exported", "save_exported"]
@@ -171,7 +172,6 @@ def _bind_dims(exp, names: list[str], leaves: list) -> tuple[dict, dict, list]:
 
 
 def _shape_text(aval) -> str:
-    from .engine.export_info import aval_text
 
     return aval_text(aval)
 
@@ -191,8 +191,6 @@ def _check_devices(exp, names: list[str], leaves: list) -> None:
 
 def device_message(exp, what: str) -> str:
     """Why a call does not fit the device count the computation was exported for."""
-    from .engine.export_info import mesh_of
-
     mesh = mesh_of(exp)
     over = f" (mesh {mesh})" if mesh else ""
     return (
@@ -226,8 +224,6 @@ def check_call(
     ExportCallError
         Naming the argument, the symbol, the constraint and the value that breaks it.
     """
-    from .engine.export_info import constraints_of, leaf_names, symbols_of
-
     __tracebackhide__ = True
     leaves = _flat_args(exp, args, kwargs or {})
     names = leaf_names(exp.in_tree, len(exp.in_avals), "args")
@@ -286,8 +282,6 @@ class LoadedExport:
 
     def call(self, *args, **kwargs):
         """Call the computation (inside ``jax.jit`` too), after checking the arguments."""
-        from .engine.export_info import constraints_of, symbols_of
-
         __tracebackhide__ = True  # the user's call is the news, not jaxsys's own frames
         exp = self.exported
         if self._constraints is None:

@@ -14,10 +14,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import _compat
 from .._ranges import format_procs
 from ..engine.registry import engine_module
 from ..engine.sockets import listening_sockets
 from ..telemetry.refusals import explain_refusal
+from .pki import peer_certificate_serial
 from .profile import controller_file
 
 # Explaining refusals belongs to telemetry; it is re-exported here, where it used to live.
@@ -81,8 +83,6 @@ class Endpoint:
 
 def _serving(cluster) -> str:
     """Which certificate the coordinator presents now, against the one on disk."""
-    from .pki import peer_certificate_serial
-
     on_disk = cluster.pki.serial(0)
     try:
         served = peer_certificate_serial(
@@ -160,8 +160,6 @@ def _kernel_roles(cluster) -> dict[int, tuple[str, str, str]]:
             )
     try:
         from IPython import get_ipython
-
-        from .. import _compat
 
         kernel = getattr(get_ipython(), "kernel", None)
         pipe = _compat.kernel_pipe_port(kernel) if kernel is not None else None

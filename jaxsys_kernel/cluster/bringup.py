@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from .. import _compat, _ranges
 from ..engine.registry import engine_module
+from ..telemetry.hub import TelemetryHub
 from . import security
 from .profile import controller_file, engine_file, make_profile
 from .records import ClusterStartError, ProcessInfo
@@ -97,8 +98,6 @@ async def start_services(world) -> None:
             world.config.cert_dir,
         )
     if world.config.telemetry:
-        from ..telemetry.hub import TelemetryHub
-
         bind, advertise = launcher.telemetry_addresses()
         world.telemetry = TelemetryHub(
             world.config.nprocs, bind=bind, curve=world.config.secure, advertise=advertise

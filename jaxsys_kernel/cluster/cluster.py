@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..telemetry.memory import local_rss
 from . import bringup, security, teardown
 from .calls import Calls, EngineCalls
 from .config import ClusterConfig
@@ -392,8 +393,6 @@ class Cluster(EngineCalls, ClusterSecurity, AsyncFirst):
             One dict per process, in rank order; ``rss`` is its resident memory in bytes
             when it runs on this machine (else None).
         """
-        from ..telemetry.memory import local_rss
-
         self.refresh_states()
         return [{**p.to_dict(), "rss": local_rss(p.host, p.pid)} for p in self.processes]
 

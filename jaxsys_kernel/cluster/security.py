@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import contract
+from .pki import ClusterPKI, peer_certificate_serial
 from .records import ClusterError
 
 # After a rotation, how often the served certificate is checked, and for how long: JAX 0.12
@@ -43,8 +44,6 @@ def make_pki(
     ca_file, cert_dir : str, optional
         The user's CA and certificate directory, when they bring their own.
     """
-    from .pki import ClusterPKI
-
     if ca_file is not None:
         return ClusterPKI.from_user(ca_file, cert_dir, cluster_id, nprocs)
     return ClusterPKI.create(profile / "pki", cluster_id, nprocs, hosts)
@@ -264,7 +263,6 @@ class ClusterSecurity:
         return self.state != "stopped" and self.pki is not None
 
     def _served_serial(self) -> int:
-        from .pki import peer_certificate_serial
 
         return peer_certificate_serial(
             self.coordinator_address, self.pki.credentials(0), timeout=2.0

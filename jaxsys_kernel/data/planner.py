@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.meshutil import format_spec
 from ..telemetry.schema import SCHEMA_VERSION
 from .boxes import Box, Range, box_of, box_size, contains, merge_boxes, runs_of
+from .draw import plan_svg, plan_text
 
 __all__ = [
     "STRATEGIES",
@@ -283,12 +285,9 @@ class DataPlan:
 
     def svg(self) -> str:
         """The plan drawn as a self-contained SVG (in an HTML ``div``)."""
-        from .draw import plan_svg
-
         return plan_svg(self.summary())
 
     def __str__(self) -> str:
-        from .draw import plan_text
 
         return plan_text(self.summary())
 
@@ -318,8 +317,6 @@ def _sharding_text(sharding: Any) -> tuple[str, dict | None]:
     if spec is None:
         return type(sharding).__name__, mesh_info
     if isinstance(spec, tuple) and type(spec) is tuple:
-        from ..engine.meshutil import format_spec
-
         return format_spec(spec), mesh_info
     return str(spec), mesh_info
 
