@@ -102,7 +102,7 @@ def _inside(inner, outer, slack=1.0) -> bool:
 
 
 def test_views_are_sized_to_content_with_labels_that_fit():
-    css = MeshView._css.read_text()
+    css = MeshView().get_state()["_css"]
     views = _views()
     with launch(width=1100, height=900) as page:
         errors: list[str] = []
@@ -112,7 +112,7 @@ def test_views_are_sized_to_content_with_labels_that_fit():
         page.wait_for_function("window.ready === true")
         for name, view in views.items():
             state = json.loads(json.dumps(view.get_state(), default=str))
-            page.evaluate("([i, c, s]) => window.show(i, c, s)", [name, view._esm, state])
+            page.evaluate("([i, c, s]) => window.show(i, c, s)", [name, state["_esm"], state])
         page.wait_for_function("document.querySelectorAll('.jxs-root').length === 7")
         got = {name: page.evaluate(MEASURE, name) for name in views}
         screenshot(page, "view-sizes.png")
