@@ -53,6 +53,7 @@ class Sink:
         """Show the widget for a summary that a process displayed."""
         from IPython.display import display
 
+        # Deferred: the widgets take most of a second to import; most cells display no view.
         from ..widgets import view_for
 
         if self.on_summary is not None:

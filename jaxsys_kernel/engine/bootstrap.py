@@ -70,6 +70,7 @@ def describe_process() -> dict:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_INTERVAL
+    # Deferred: these need IPython's shell, which exists only once the engine has started.
     from . import display, output
 
     display.register_formatters()
@@ -117,6 +118,7 @@ def _start_stack_relay(path: str) -> None:
     faulthandler writes from its C signal handler, which works while the main thread sits
     in a collective; this thread only needs the GIL, which JAX releases while it waits.
     """
+    # Deferred: the boot path (the engine's config file) imports this module before anything else runs; the agent is loaded only when telemetry is on.
     from ..telemetry import schema
     from . import agent
 
@@ -305,6 +307,7 @@ def _join(
     t0 = time.perf_counter()
     import jax
 
+    # Deferred: only processes with --transfer-ports need it, after JAX is imported.
     from . import transfers
 
     # Before the backend starts: JAX reads the transfer socket's address only then.
@@ -327,6 +330,7 @@ def _join(
     local = jax.local_devices()
     if jax.process_index() != process_id:
         raise RuntimeError(f"JAX reports process_index {jax.process_index()} for rank {process_id}")
+    # Deferred: the agent starts only after JAX has joined, and only with telemetry.
     from . import agent
 
     agent.start_from_env(process_id)
@@ -359,6 +363,7 @@ def _transfer_setting(address: str | None) -> list[dict]:
     """The transfer socket jaxsys set (``--transfer-ports``), as an explained option."""
     if address is None:
         return []
+    # Deferred: only processes with --transfer-ports need it.
     from . import transfers
 
     return [

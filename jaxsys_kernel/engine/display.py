@@ -40,6 +40,7 @@ def _export_summary(x: Any) -> dict:
     global _last_export
     if _last_export is not None and _last_export[0]() is x:
         return _last_export[1]
+    # Deferred: export_info reads jaxlib's version at import; most displays are not exports.
     from .export_info import export_info
 
     info = export_info(x)
@@ -114,6 +115,7 @@ def register_formatters(shell=None) -> bool:
 
 
 def _export_text(x: Any, p: Any, cycle: bool) -> None:
+    # Deferred: as above, only exports need it.
     from .export_info import one_line
 
     try:

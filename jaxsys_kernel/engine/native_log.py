@@ -181,6 +181,7 @@ def watch_from_env() -> NativeLogWatch | None:
     """
     if not os.environ.get(contract.WATCH_HANDSHAKES):
         return None
+    # Deferred: only processes that watch handshakes (process 0 with mTLS) report them.
     from ..telemetry import schema
     from . import agent
 

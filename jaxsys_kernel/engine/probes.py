@@ -9,7 +9,6 @@ from typing import Any
 from .sockets import listening_sockets
 
 
-
 def _jax_leaves(value: Any) -> tuple[list, bool]:
     """Leaves of ``value`` if it is a pytree holding jax arrays, and whether any spans processes."""
     import jax
@@ -109,6 +108,7 @@ def network_endpoints() -> dict:
     """
     import sys
 
+    # Deferred: _compat reaches into ipyparallel's engine, which only an engine has.
     from .. import _compat
 
     nanny = _compat.nanny_pid()

@@ -19,6 +19,7 @@ def register_magics(shell) -> MultihostSession:
     MultihostSession
         The session behind the magics.
     """
+    # Deferred: the magics need a shell; importing the package alone must stay cheap.
     from .magics import JaxSysMagics, action_help_transformer
 
     existing = getattr(shell, "_jaxsys_session", None)

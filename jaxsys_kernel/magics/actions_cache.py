@@ -139,6 +139,7 @@ def ask(cluster, ranks: list[int], fn, *args) -> dict[int, Any]:
 
 def _live_view(session, hub):
     """A CacheView that follows the hub; it replaces this session's previous one."""
+    # Deferred: the widgets take most of a second to import; only the live view needs them.
     from ..widgets import CacheView
 
     previous = _views.pop(session, None)
