@@ -70,6 +70,7 @@ def show(x):
         import jaxsys_kernel
         jaxsys_kernel.show(mesh)
     """
+    # Deferred, like every name here: importing jaxsys_kernel must stay cheap on engines.
     from .engine.display import show as _show
 
     _show(x)
@@ -98,6 +99,7 @@ def session():
         cluster = jaxsys_kernel.session().cluster
         print(cluster.coordinator_address)
     """
+    # Deferred: the magics need IPython, which an engine importing this package may lack.
     from .magics import current_session
 
     return current_session()
@@ -140,6 +142,7 @@ def load_ipython_extension(ipython):
     jaxsys_kernel._compat.IncompatibleVersion
         If the installed ipyparallel or ipykernel is not a release jaxsys supports.
     """
+    # Deferred: only a shell loading the extension needs the version check and the magics.
     from . import _compat
     from .magics import register_magics
 
