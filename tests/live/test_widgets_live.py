@@ -23,6 +23,17 @@ def test_js_is_valid_module(tmp_path):
         assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_each_view_module_with_shared_inlined_is_valid(tmp_path):
+    from jaxsys_kernel.widgets.esm import view_module
+
+    for name in ("mesh", "sharding", "cache", "live"):
+        copy = tmp_path / f"{name}.mjs"
+        copy.write_text(view_module(name))
+        proc = subprocess.run(["node", "--check", str(copy)], capture_output=True, text=True)
+        assert proc.returncode == 0, (name, proc.stderr)
+
+
 def test_widgets_never_import_jax():
     code = (
         "import sys\n"
