@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from jaxsys_kernel.widgets import views as views_module
+from jaxsys_kernel.widgets.esm import view_module
 
 STATIC = pathlib.Path(views_module.__file__).parent / "static"
 
@@ -25,8 +26,6 @@ def test_js_is_valid_module(tmp_path):
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_each_view_module_with_shared_inlined_is_valid(tmp_path):
-    from jaxsys_kernel.widgets.esm import view_module
-
     for name in ("mesh", "sharding", "cache", "live"):
         copy = tmp_path / f"{name}.mjs"
         copy.write_text(view_module(name))
