@@ -216,7 +216,9 @@ def send_unregistration(world, engine_ids: set[int]) -> None:
         serverkey = info.get("curve_serverkey")
         util.connect(
             sock,
-            f"{info['interface']}:{info['registration']}",
+            # A controller listening on every interface ("tcp://*") is reached on this
+            # machine's loopback.
+            util.disambiguate_url(f"{info['interface']}:{info['registration']}"),
             curve_serverkey=serverkey.encode("ascii") if serverkey else None,
         )
         for eid in sorted(engine_ids):
