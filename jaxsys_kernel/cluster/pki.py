@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import socket
-import ssl
 import stat
 import warnings
 from collections.abc import Sequence
@@ -28,8 +26,6 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from . import pki_files as files
 from .pki_files import (
@@ -39,6 +35,7 @@ from .pki_files import (
     PKIError,
     ProcessCredentials,
 )
+from .pki_peer import peer_certificate_serial
 
 __all__ = [
     "TRUST_DOMAIN",
@@ -133,15 +130,7 @@ class ClusterPKI:
         ValueError
             If an argument is malformed.
         """
-        files.check_cluster_id(cluster_id)
-        files.check_nprocs(nprocs)
-        if valid_days <= 0:
-            raise ValueError(f"valid_days must be positive, got {valid_days!r}")
-        if hosts is None:
-            hosts = [files.DEFAULT_HOST] * nprocs
-        if isinstance(hosts, str) or len(hosts) != nprocs:
-            raise ValueError(f"hosts must be a list with one entry per process ({nprocs})")
-        host_sans = [files.host_sans(h) for h in hosts]
+        host_sans = _checked_sans(cluster_id, nprocs, hosts, valid_days)
 
         directory = Path(directory).absolute()
         files.secure_directory(directory, create=True)
@@ -388,61 +377,9 @@ class ClusterPKI:
         host_sans: list[x509.GeneralName],
         lifetime: _dt.timedelta,
     ) -> int:
-        now = files.utc_now()
-        # A leaf that outlives its CA would fail verification anyway; stop where the CA does.
-        not_after = min(now + lifetime, ca_cert.not_valid_after_utc)
-        key = ec.generate_private_key(ec.SECP256R1())
         uri = f"{self._peer_uri_prefix}process/{i}"
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(
-                x509.Name(
-                    [
-                        x509.NameAttribute(
-                            NameOID.COMMON_NAME, f"jaxsys {self.cluster_id} process {i}"
-                        )
-                    ]
-                )
-            )
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - files.BACKDATE)
-            .not_valid_after(not_after)
-            .add_extension(
-                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri), *host_sans]),
-                critical=False,
-            )
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
-                critical=False,
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
+        name = f"jaxsys {self.cluster_id} process {i}"
+        key, cert = files.new_leaf(name, uri, ca_key, ca_cert, host_sans, lifetime)
         # Key before certificate: a reader between the two replaces sees a mismatched pair
         # either way, and gRPC keeps its old credentials when a pair does not match.
         files.write_atomic(self.cert_dir / files.key_name(i), files.key_pem(key), 0o600)
@@ -496,55 +433,14 @@ class ClusterPKI:
         return serials
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"address must look like 'host:port', got {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def peer_certificate_serial(address: str, creds: ProcessCredentials, timeout: float = 5.0) -> int:
-    """Serial number of the certificate a TLS server (e.g. JAX's coordinator) presents.
-
-    Connects as a TLS client with ``creds`` as the client certificate and trusts only
-    ``creds.ca_file``. Host names are not checked (the coordinator's identity is its URI
-    SAN), but the server's certificate must chain to the CA.
-
-    Parameters
-    ----------
-    address : str
-        ``"host:port"`` of the server; IPv6 hosts in brackets.
-    creds : ProcessCredentials
-        Client certificate, key and CA to use.
-    timeout : float, default 5.0
-        Seconds allowed for connecting and the handshake.
-
-    Returns
-    -------
-    int
-        The serial number of the server's certificate.
-
-    Raises
-    ------
-    ssl.SSLError
-        If the handshake fails, e.g. the server's certificate is not from the CA.
-    OSError
-        If the server cannot be reached.
-    """
-    host, port = _split_address(address)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cafile=creds.ca_file)
-    ctx.load_cert_chain(certfile=creds.cert_file, keyfile=creds.key_file)
-    # gRPC servers only complete handshakes that negotiate HTTP/2.
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        with ctx.wrap_socket(sock, server_hostname=None) as tls:
-            der = tls.getpeercert(binary_form=True)
-    if der is None:
-        raise ssl.SSLError(f"{address} presented no certificate")
-    return x509.load_der_x509_certificate(der).serial_number
+def _checked_sans(cluster_id: str, nprocs: int, hosts, valid_days: float) -> list:
+    """Check :meth:`ClusterPKI.create`'s arguments; return each process's host SANs."""
+    files.check_cluster_id(cluster_id)
+    files.check_nprocs(nprocs)
+    if valid_days <= 0:
+        raise ValueError(f"valid_days must be positive, got {valid_days!r}")
+    if hosts is None:
+        hosts = [files.DEFAULT_HOST] * nprocs
+    if isinstance(hosts, str) or len(hosts) != nprocs:
+        raise ValueError(f"hosts must be a list with one entry per process ({nprocs})")
+    return [files.host_sans(h) for h in hosts]

@@ -346,3 +346,60 @@ def new_ca(cluster_id: str, valid_days: float):
         .sign(ca_key, hashes.SHA256())
     )
     return ca_key, ca_cert
+
+
+def new_leaf(
+    common_name: str,
+    uri: str,
+    ca_key,
+    ca_cert: x509.Certificate,
+    host_sans: list[x509.GeneralName],
+    lifetime: _dt.timedelta,
+):
+    """A new key and a process certificate for it, signed by the CA: the URI SAN is its
+    identity, the host SANs where it runs; good for TLS server and client alike."""
+    now = utc_now()
+    # A leaf that outlives its CA would fail verification anyway; stop where the CA does.
+    not_after = min(now + lifetime, ca_cert.not_valid_after_utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri), *host_sans]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
