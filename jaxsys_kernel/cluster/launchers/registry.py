@@ -16,6 +16,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 
+from ...errors import ConfigError
 from .base import Launcher
 from .local import LocalLauncher
 from .mpi import MpiLauncher
@@ -30,7 +31,7 @@ BUILTIN: tuple[type[Launcher], ...] = (LocalLauncher, SshLauncher, MpiLauncher, 
 DEFAULT = LocalLauncher.name
 
 
-class UnknownLauncherError(ValueError):
+class UnknownLauncherError(ConfigError):
     """A launcher name no installed package provides."""
 
 
