@@ -7,6 +7,7 @@ shapes travel over the telemetry socket, live in widget traits and are saved in 
 
 from __future__ import annotations
 
+import copy as _copy
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -287,7 +288,12 @@ class CacheStats:
 
     def copy(self) -> CacheStats:
         """An independent copy (lists included)."""
-        return CacheStats(**asdict(self))
+        # Shallow, then the two lists: asdict's deep walk costs most of a 1,024-process
+        # state push (bench/telemetry_scale.py).
+        out = _copy.copy(self)
+        out.last_functions = list(self.last_functions)
+        out.last_misses = list(self.last_misses)
+        return out
 
     def apply(self, ev: dict) -> None:
         """Count one decoded event of this process (monitoring or cache kinds)."""
