@@ -86,6 +86,11 @@ def controller_failure(world) -> str | None:
 async def start_services(world) -> None:
     """The profile, ipyparallel's cluster, certificates, telemetry and the controller."""
     world.profile = make_profile()
+    # ipyparallel's engine gives up when the controller has not answered its registration
+    # request within 5 s, which a controller busy with dozens of booting engines on a few
+    # cores misses (measured at 32 processes on 2 cores): the engine waits as long as we do.
+    with (world.profile / "ipengine_config.py").open("a") as f:
+        f.write(f"c.IPEngine.timeout = {float(world.config.register_timeout)!r}\n")
     launcher = world.launcher
     ipp = launcher.make_ipp_cluster(world.profile, world.config.secure)
     if world.config.secure:
