@@ -173,6 +173,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         self.world = World(self.config, self._launcher, report=self._report)
         self.state = "stopped"
         self.ready_seconds: float | None = None
+        self._ops: asyncio.Lock | None = None
         self.rotation_poll = ROTATION_POLL_S
         self._rotation = security.RotationWatch(lambda: self.rotation_poll)
         teardown.track(self)
@@ -238,6 +239,10 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             When a process fails to start, register or join in time; the error names it and
             shows the tail of its output. Everything that was started is stopped.
         """
+        async with self._one_operation():
+            return await self._start()
+
+    async def _start(self) -> Cluster:
         if self.state != "stopped":
             raise ClusterError(f"the cluster is already {self.state}; stop it first")
         t0 = time.perf_counter()
@@ -290,6 +295,10 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         float
             Seconds from the request until the new world is ready.
         """
+        async with self._one_operation():
+            return await self._restart()
+
+    async def _restart(self) -> float:
         self._require_ready()
         t0 = time.perf_counter()
         old_uuids = bringup.engine_uuids(self.world)
@@ -322,6 +331,10 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         float
             Seconds until the new process had joined.
         """
+        async with self._one_operation():
+            return await self._restart_process(rank)
+
+    async def _restart_process(self, rank: int) -> float:
         self._check_rank_restart(rank)
         t0 = time.perf_counter()
         p = self.processes[rank]
@@ -394,6 +407,14 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
                 f"the {self.launcher} launcher cannot restart a single process (that needs "
                 f"{able}): restart the whole world"
             )
+
+    def _one_operation(self) -> asyncio.Lock:
+        """The lock that orders start and restarts: a restart clicked in the sidebar (on
+        the control subshell) while the main thread restarts the world waits for it. Every
+        operation runs on the cluster's own loop, so an asyncio lock made there suffices."""
+        if self._ops is None:
+            self._ops = asyncio.Lock()
+        return self._ops
 
     async def _launch_engines(self) -> None:
         """Launch a new incarnation of every rank."""
