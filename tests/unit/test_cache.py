@@ -25,6 +25,8 @@ from jaxsys_kernel.magics.actions_cache import (
 from jaxsys_kernel.telemetry import schema
 from jaxsys_kernel.telemetry.schema import CacheStats
 
+from ..fakes import NoClusterSession
+
 
 def ev(kind, **fields):
     return schema.decode(json.dumps(schema.event(kind, 0, 0, 0.0, **fields)).encode())
@@ -231,13 +233,6 @@ def test_start_refuses_the_share_flag_with_a_usage_error(monkeypatch):
 # -- %jaxsys cache: bad input -----------------------------------------------------------------
 
 
-class NoCluster:
-    def require_cluster(self):
-        from IPython.core.error import UsageError
-
-        raise UsageError("no cluster is running; start one with %jaxsys start")
-
-
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -255,4 +250,4 @@ def test_cache_action_refuses_bad_input_with_a_usage_error(line, message):
     from jaxsys_kernel.magics import actions
 
     with pytest.raises(UsageError, match=re.escape(message)):
-        actions.dispatch(NoCluster(), line)
+        actions.dispatch(NoClusterSession(), line)

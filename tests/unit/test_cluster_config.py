@@ -29,6 +29,8 @@ from jaxsys_kernel.cluster.launchers import (
 from jaxsys_kernel.cluster.loop import AsyncFirst
 from jaxsys_kernel.cluster.records import ProgressEvent
 
+from ..fakes import FakeHub, FakePKI
+
 # -- ClusterConfig ---------------------------------------------------------------------------
 
 
@@ -122,16 +124,6 @@ def test_what_each_launcher_can_do():
         assert cls.launcher_pids_here
 
 
-class _FakePKI:
-    def env(self, rank):
-        return {"JAX_MTLS_CERT_FILE": f"/certs/process-{rank}.pem"}
-
-
-class _FakeHub:
-    def env(self):
-        return {contract.TELEMETRY: "tcp://127.0.0.1:5555"}
-
-
 def _env(launcher, rank=1, **ctx):
     return launcher.engine_env(rank, EngineContext(**ctx))
 
@@ -178,8 +170,8 @@ def test_engine_env_layers(tmp_path):
         process_env={0: {"A": "p0", "GRPC_VERBOSITY": "ERROR"}},
     )
     launcher = make_launcher(cfg)
-    env0 = _env(launcher, rank=0, pki=_FakePKI(), telemetry=_FakeHub(), profile=tmp_path)
-    env1 = _env(launcher, rank=1, pki=_FakePKI(), telemetry=_FakeHub(), profile=tmp_path)
+    env0 = _env(launcher, rank=0, pki=FakePKI(), telemetry=FakeHub(), profile=tmp_path)
+    env1 = _env(launcher, rank=1, pki=FakePKI(), telemetry=FakeHub(), profile=tmp_path)
     # The user's variables win over the certificates', a process's own over everyone's.
     assert env1["JAX_MTLS_CERT_FILE"] == "mine.pem" and env1["A"] == "env" and env0["A"] == "p0"
     assert env1[contract.TELEMETRY] == "tcp://127.0.0.1:5555"
@@ -245,28 +237,19 @@ def test_controller_placement():
     assert slurm.telemetry_addresses()[0] == "0.0.0.0"
 
 
-class _RelayHub:
-    """Delivers a new dump for each rank that is signalled, as engines' relays do."""
+def test_remote_stacks_come_back_as_telemetry():
+    hub = FakeHub(dumps={0: (1, "old"), 1: (0, "")})
 
-    def __init__(self):
-        self.dumps = {0: (1, "old"), 1: (0, "")}
-
-    def stack_dump(self, rank):
-        return self.dumps[rank]
-
-    def signal(self, ranks, sig):
+    def relay(ranks, sig):  # as engines' relays do: a new dump for each rank signalled
         assert sig == signal.SIGUSR1
         for r in ranks:
-            seq, _ = self.dumps[r]
-            self.dumps[r] = (seq + 1, f"stack of p{r}")
+            seq, _ = hub.dumps[r]
+            hub.dumps[r] = (seq + 1, f"stack of p{r}")
 
-
-def test_remote_stacks_come_back_as_telemetry():
-    hub = _RelayHub()
     launcher = make_launcher(ClusterConfig(hosts=["a", "b"], launcher="ssh"))
-    out = launcher.dump_stacks([0, 1], 1.0, hub.signal, None, hub)
+    out = launcher.dump_stacks([0, 1], 1.0, relay, None, hub)
     assert out == {0: "stack of p0", 1: "stack of p1"}
-    assert launcher.dump_stacks([0], 1.0, hub.signal, None, None) == {}
+    assert launcher.dump_stacks([0], 1.0, relay, None, None) == {}
 
 
 # -- the generated blocking twins --------------------------------------------------------------

@@ -12,6 +12,8 @@ from jaxsys_kernel.cluster.records import ProcessInfo
 from jaxsys_kernel.magics.explain import explain
 from jaxsys_kernel.magics.magics import JaxSysMagics
 
+from ..fakes import StartSession
+
 
 def record(rank: int, recoverable: bool, mtls: bool) -> ProcessInfo:
     settings = [
@@ -83,27 +85,15 @@ def test_explain_names_a_process_that_did_not_report():
     assert "process 3" in text and "has not reported" in text
 
 
-class StartSession:
-    def __init__(self):
-        self.kwargs = None
-        self.cluster = SimpleNamespace(
-            processes=[record(0, False, True)], security="mTLS (fake)", nprocs=1
-        )
-
-    def start(self, **kwargs):
-        self.kwargs = kwargs
-
-    def require_cluster(self):
-        return self.cluster
-
-
 @pytest.fixture(scope="module")
 def shell():
     return globalipapp.start_ipython() or globalipapp.get_ipython()  # None once started
 
 
 def test_start_options_reach_the_session(shell, capsys):
-    fake = StartSession()
+    fake = StartSession(
+        SimpleNamespace(processes=[record(0, False, True)], security="mTLS (fake)", nprocs=1)
+    )
     shell.register_magics(JaxSysMagics(shell, fake))
     shell.run_line_magic("jaxsys", "start --hosts 1")
     assert "recoverable" not in fake.kwargs and capsys.readouterr().out == ""

@@ -17,7 +17,7 @@ from jaxsys_kernel.magics import actions
 from jaxsys_kernel.magics.actions_args import MAX_LINE
 from jaxsys_kernel.magics.magics import JaxSysMagics
 
-from .test_magics_dispatch import FakeSession
+from ..fakes import AnySession, NotFaked
 
 # Longest any magic may take to answer a line, valid or not.
 ANSWER_WITHIN = 1.0
@@ -49,22 +49,6 @@ FUZZ = settings(
     deadline=None,  # timed below, against ANSWER_WITHIN, with the reason in the message
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-class NotFaked(Exception):
-    """A line got through parsing to a session method the fake does not answer."""
-
-
-class AnySession(FakeSession):
-    """The fake session; a method it does not know means the line parsed (new actions too)."""
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name.startswith("_"):
-                raise
-            raise NotFaked(name) from None
 
 
 @pytest.fixture(scope="module")

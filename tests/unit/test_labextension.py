@@ -16,7 +16,8 @@ from packaging.version import Version
 from jaxsys_kernel import __version__
 from jaxsys_kernel.cluster.records import ProcessInfo
 from jaxsys_kernel.kernel import comm as jcomm
-from jaxsys_kernel.telemetry.schema import CacheStats, Liveness
+
+from ..fakes import FakeComm, FakeHub
 
 ROOT = Path(__file__).parents[2]
 EXT = ROOT / "labextension"
@@ -77,31 +78,6 @@ def test_parse_command_refuses_bad_input(data, fragment):
 # -- state -------------------------------------------------------------------------------------
 
 
-class FakeHub:
-    def __init__(self, states=None):
-        self.states = states or {}
-        self.subscribed: list = []
-
-    def liveness(self, cluster_states):
-        return [
-            Liveness(rank=r, state=self.states.get(r, "alive"), heartbeat_age=0.5, busy=r == 0)
-            if cluster_states[r] == "ready"
-            else Liveness(rank=r, state=cluster_states[r])
-            for r in sorted(cluster_states)
-        ]
-
-    def cache_stats(self):
-        return [CacheStats(rank=0, requests=4, hits=3), CacheStats(rank=1, requests=4, hits=1)]
-
-    def subscribe(self, callback, max_rate):
-        self.subscribed.append(callback)
-
-        def unsubscribe():
-            self.subscribed.remove(callback)
-
-        return unsubscribe
-
-
 def fake_cluster(states=("ready", "ready"), hub=None):
     procs = [
         ProcessInfo(rank=r, host="h", pid=100 + r, devices=[2 * r, 2 * r + 1], state=s)
@@ -157,25 +133,6 @@ def test_state_without_telemetry_uses_the_clusters_view():
 
 
 # -- the comm object ---------------------------------------------------------------------------
-
-
-class FakeComm:
-    def __init__(self):
-        self.sent: list[dict] = []
-        self.handlers = {}
-        self.closed = False
-
-    def close(self):
-        self.closed = True
-
-    def send(self, data):
-        self.sent.append(data)
-
-    def on_msg(self, fn):
-        self.handlers["msg"] = fn
-
-    def on_close(self, fn):
-        self.handlers["close"] = fn
 
 
 def test_comms_follow_the_current_hub_and_stop_when_closed():

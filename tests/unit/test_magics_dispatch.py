@@ -18,40 +18,7 @@ from jaxsys_kernel.magics import actions, register_magics
 from jaxsys_kernel.magics.actions_args import MAX_LINE, seconds
 from jaxsys_kernel.magics.magics import JAXSYS_ACTIONS, JaxSysMagics, action_help_transformer
 
-
-class FakeSession:
-    """Records what the magics ask of the session; answers like a 2-process cluster."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-        self.spmd = False
-        self.cluster = SimpleNamespace(nprocs=2, security="mTLS (test)", pki=None, state="ready")
-
-    def __getattr__(self, name):
-        answers = {
-            "stop": 0.25,
-            "restart": 1.5,
-            "restart_process": 0.5,
-            "kill_process": 0.01,
-            "status_rows": [],
-            "rotation_line": None,
-            "refusals": [],
-            "rotate_certs": [0x1234567890ABCDEF, 0xFEDCBA0987654321],
-            "remote_inspect": {"found": False},
-            "show_dashboard": "the dashboard",
-            "pull": 3,
-        }
-        if name not in (*answers, "start", "run_cell"):
-            raise AttributeError(name)
-
-        def call(*args, **kwargs):
-            self.calls.append((name, args, kwargs))
-            return answers.get(name)
-
-        return call
-
-    def kill_message(self, rank, signal_name, took):
-        return f"killed p{rank} with {signal_name}"
+from ..fakes import FakeSession
 
 
 @pytest.fixture(scope="module")

@@ -28,30 +28,13 @@ from jaxsys_kernel.widgets import (
 )
 from jaxsys_kernel.widgets import views as views_module
 
+from ..fakes import FakeComm
+
 STATIC = pathlib.Path(views_module.__file__).parent / "static"
 
 
-class RecordingComm:
-    """Stands in for a widget's comm and records what would go to the front end."""
-
-    kernel = object()  # ipywidgets only sends when the comm has a kernel
-    comm_id = "recording"
-
-    def __init__(self):
-        self.sent: list[dict] = []
-
-    def send(self, data=None, buffers=None, **kwargs):
-        self.sent.append(data)
-
-    def on_msg(self, callback):
-        pass
-
-    def close(self, *args, **kwargs):
-        pass
-
-
 def attach(widget):
-    comm = RecordingComm()
+    comm = FakeComm()
     widget.comm = comm
     return comm
 
