@@ -15,9 +15,11 @@ import inspect
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+import ipyparallel
 from comm.base_comm import BaseComm
 from IPython.core.error import UsageError
 
+from jaxsys_kernel.cluster import Cluster
 from jaxsys_kernel.cluster.pki import ClusterPKI
 from jaxsys_kernel.contract import TELEMETRY
 from jaxsys_kernel.magics.session import MultihostSession
@@ -257,3 +259,46 @@ class FakeComm(Fake, real=BaseComm):
 
     def close(self, data=None, metadata=None, buffers=None, deleting=False):
         self.closed = True
+
+
+# -- clusters and ipyparallel -------------------------------------------------------------------
+
+
+class FakeCluster(Fake, real=Cluster):
+    """What the session's dashboard and post-cell report read from a cluster."""
+
+    state = "ready"
+    pki = None
+    processes: ClassVar[list] = []
+
+    def __init__(self, hub):
+        super().__init__()
+        self.telemetry = hub
+
+    def refresh_states(self):
+        pass
+
+    def refusal_records(self):
+        return self.telemetry.refusals()
+
+
+class FakeClient(Fake, real=ipyparallel.Client):
+    """An ipyparallel client that keeps the signals it was asked to send."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent: list = []
+
+    def send_signal(self, sig, targets=None, block=None):
+        self.sent.append((sig, targets))
+
+
+class FakeIppCluster(Fake, real=ipyparallel.Cluster):
+    """An ipyparallel cluster that keeps what its engines were started with."""
+
+    def __init__(self):
+        super().__init__()
+        self.started: dict = {}
+
+    async def start_engines(self, n=None, engine_set_id=None, **kwargs):
+        self.started.update(kwargs, n=n, engine_set_id=engine_set_id)

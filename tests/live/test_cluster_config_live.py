@@ -16,13 +16,7 @@ from jaxsys_kernel.cluster.launchers import (
 )
 from jaxsys_kernel.cluster.records import ProcessInfo
 
-
-class _FakeClient:
-    def __init__(self):
-        self.sent = []
-
-    def send_signal(self, sig, targets, block):
-        self.sent.append((sig, targets))
+from ..fakes import FakeClient
 
 
 @pytest.fixture
@@ -36,7 +30,7 @@ def sleeper():
 def test_local_signals_go_straight_to_the_pid(sleeper):
     launcher = make_launcher(ClusterConfig(hosts=2))
     procs = [ProcessInfo(0, engine_id=5, pid=sleeper.pid), ProcessInfo(1, engine_id=6)]
-    client = _FakeClient()
+    client = FakeClient()
     assert launcher.signal(procs, client, [0, 1], signal.SIGTERM) == [0, 1]
     assert sleeper.wait(timeout=10) == -signal.SIGTERM
     # A process whose pid is unknown is signalled through the hub.
@@ -47,7 +41,7 @@ def test_local_signals_go_straight_to_the_pid(sleeper):
 def test_remote_signals_go_through_the_nannies(sleeper):
     launcher = make_launcher(ClusterConfig(hosts=["a", "b"], launcher="ssh"))
     procs = [ProcessInfo(0, engine_id=3, pid=sleeper.pid), ProcessInfo(1, engine_id=4, pid=1)]
-    client = _FakeClient()
+    client = FakeClient()
     assert launcher.signal(procs, client, [0, 1], signal.SIGINT) == [0, 1]
     assert client.sent == [(signal.SIGINT, [3, 4])]
     # A pid on another host says nothing about this machine's processes.

@@ -29,7 +29,7 @@ from jaxsys_kernel.cluster.launchers import (
 from jaxsys_kernel.cluster.loop import AsyncFirst
 from jaxsys_kernel.cluster.records import ProgressEvent
 
-from ..fakes import FakeHub, FakePKI
+from ..fakes import FakeHub, FakeIppCluster, FakePKI
 
 # -- ClusterConfig ---------------------------------------------------------------------------
 
@@ -187,13 +187,8 @@ def test_engine_env_layers(tmp_path):
 
 def test_batch_launch_env_leaves_the_rank_to_the_launcher(tmp_path):
     launcher = make_launcher(ClusterConfig(hosts=2, launcher="mpi"))
-    seen = {}
-
-    class FakeIpp:
-        async def start_engines(self, **kwargs):
-            seen.update(kwargs)
-
-    launcher.ipp = FakeIpp()
+    launcher.ipp = FakeIppCluster()
+    seen = launcher.ipp.started
     asyncio.run(launcher.launch(EngineContext(incarnation=3, profile=tmp_path), print))
     assert contract.PROCESS_ID not in seen["environment"]
     assert seen["n"] == 2 and seen["engine_set_id"] == "all-i3"

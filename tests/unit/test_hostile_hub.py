@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from jaxsys_kernel.telemetry import schema
 from jaxsys_kernel.telemetry.hub import TelemetryHub
 
+from ..fakes import FakeCluster
 from ..intruders import MALFORMED
 
 
@@ -298,23 +299,6 @@ def teardown_module(module):
         h.close()
 
 
-class _FakeCluster:
-    """What the session's dashboard and post-cell report read from a cluster."""
-
-    state = "ready"
-    pki = None
-    processes: list = []
-
-    def __init__(self, hub):
-        self.telemetry = hub
-
-    def refresh_states(self):
-        pass
-
-    def refusal_records(self):
-        return self.telemetry.refusals()
-
-
 def test_the_dashboard_shows_the_receivers_health_and_a_stopped_one_is_said(monkeypatch, capsys):
     from jaxsys_kernel.magics.session import MultihostSession
 
@@ -322,7 +306,7 @@ def test_the_dashboard_shows_the_receivers_health_and_a_stopped_one_is_said(monk
     _failing_loop(monkeypatch, failures)
     hub = TelemetryHub(2, curve=False, interval=0.5)
     session = MultihostSession()
-    session.cluster = _FakeCluster(hub)
+    session.cluster = FakeCluster(hub)
     try:
         hub._take(b"[1, 2, 3]")
         dash = session.show_dashboard()
