@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3 $(wildcard $(HOME)/.pye
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 PYTEST_ARGS ?=
 
-.PHONY: install lab test lint bench clean
+.PHONY: install lab test lint bench docs clean
 
 # The editable install also builds the JupyterLab extension (Node), again when its sources change.
 LABEXTENSION := labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts)
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(PY) bench/bringup.py
 	$(PY) bench/faults.py
 	for b in collation telemetry_overhead sharding_scale refusals hostile compile_cache data_loading; do [ ! -f bench/$$b.py ] || $(PY) bench/$$b.py; done
+
+# The course site: every notebook executed with the jaxsys kernel, rendered to build/site/html.
+docs: $(STAMP)
+	$(PY) docs/site/build.py --execute --out build/site
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info labextension/lib labextension/prebuilt labextension/node_modules
