@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 from ipykernel.ipkernel import IPythonKernel
 
@@ -10,6 +11,15 @@ from .. import _compat, contract
 from .._version import __version__
 from ..magics import register_magics
 from .comm import ClusterComms
+
+# Messages that control views, not the kernel: served on subshells, beside a running cell.
+_COMM_MESSAGES = ("comm_msg", "comm_close")
+
+
+def _beside_a_cell(parent) -> bool:
+    """Whether ``parent`` is a comm message served off the main shell's thread."""
+    msg_type = (parent or {}).get("header", {}).get("msg_type")
+    return msg_type in _COMM_MESSAGES and threading.current_thread() is not threading.main_thread()
 
 
 class JaxSysKernel(IPythonKernel):
@@ -69,6 +79,18 @@ class JaxSysKernel(IPythonKernel):
         self.shell_channel_thread.io_loop.add_callback(create)
         self._control_subshell = fut.result(timeout=10)
         return self._control_subshell
+
+    def _publish_status(self, status, channel, parent=None):
+        """Announce busy/idle, except for comm messages served beside a running cell.
+
+        ipykernel announces both around every message, also around one a subshell serves
+        while a cell runs on the main shell. JupyterLab takes any status message for the
+        kernel's execution state, so a sidebar click during a cell would show the kernel
+        "Idle" until the cell ends. Only the main shell's requests say what the kernel does.
+        """
+        if _beside_a_cell(parent or self.get_parent(channel)):
+            return
+        super()._publish_status(status, channel, parent)
 
     async def do_shutdown(self, restart):
         """Kill the cluster, then shut down as IPython does."""
