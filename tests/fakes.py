@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import queue
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ from IPython.core.error import UsageError
 
 from jaxsys_kernel.cluster import Cluster
 from jaxsys_kernel.cluster.pki import ClusterPKI
+from jaxsys_kernel.cluster.records import ProcessInfo
 from jaxsys_kernel.contract import TELEMETRY
 from jaxsys_kernel.magics.session import MultihostSession
 from jaxsys_kernel.telemetry.hub import TelemetryHub
@@ -302,3 +304,66 @@ class FakeIppCluster(Fake, real=ipyparallel.Cluster):
 
     async def start_engines(self, n=None, engine_set_id=None, **kwargs):
         self.started.update(kwargs, n=n, engine_set_id=engine_set_id)
+
+
+class FakeProcesses(Fake, real=Cluster):
+    """What a check of the processes reads of a cluster: its processes, after a refresh.
+
+    Each argument is one process's ``(state, how it died)``.
+    """
+
+    def __init__(self, *processes):
+        super().__init__()
+        self.processes = [
+            ProcessInfo(rank=r, state=s, died=d) for r, (s, d) in enumerate(processes)
+        ]
+        self.ranks = list(range(len(processes)))
+
+    def refresh_states(self):
+        pass
+
+
+class FakeResult(Fake, real=ipyparallel.AsyncResult):
+    """A result that is ready: its value, or the exception it raises."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def get(self, timeout=None, return_exceptions=None, return_when=None):
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+
+class FakeEngine(Fake, real=ipyparallel.DirectView):
+    """One engine's view: every function applied answers at once and is recorded."""
+
+    def __init__(self, answer, calls):
+        super().__init__()
+        self.answer, self.calls = answer, calls
+
+    def apply_async(self, fn, *args, **kwargs):
+        self.calls.append((fn, args))
+        return FakeResult(self.answer)
+
+
+class ScriptedQueue(Fake, real=queue.Queue):
+    """An event queue handing out scripted items; when empty, time passes on ``clock``.
+
+    ``KeyboardInterrupt`` in the script is raised, as a press of the stop button is.
+    """
+
+    def __init__(self, clock, items):
+        super().__init__()
+        self.clock = clock
+        self.items = list(items)
+
+    def get(self, block=True, timeout=None):
+        if self.items:
+            item = self.items.pop(0)
+            if item is KeyboardInterrupt:
+                raise KeyboardInterrupt
+            return item
+        self.clock.t += timeout
+        raise queue.Empty

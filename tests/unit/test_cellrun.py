@@ -3,7 +3,6 @@ clock, the hang policy, the driver loop, and the hang report on captured stack d
 
 from __future__ import annotations
 
-import queue
 from concurrent.futures import Future
 
 import pytest
@@ -27,6 +26,8 @@ from jaxsys_kernel.cells.hang import HangPolicy
 from jaxsys_kernel.cells.run import DONE, INTERRUPT, JUDGE, WAIT
 from jaxsys_kernel.cells.send import Driver
 from jaxsys_kernel.contract import NATIVE_MIME, SUMMARY_MIME
+
+from ..fakes import FakeProcesses, ScriptedQueue
 
 WINDOW = 0.5
 
@@ -721,28 +722,11 @@ def test_hang_policy_rejects_an_unknown_action():
 # -- the driver loop ------------------------------------------------------------------------------
 
 
-class Script:
-    """A fake event queue: hands out scripted events; when empty, time passes instead."""
-
-    def __init__(self, clock: Clock, items: list):
-        self.clock = clock
-        self.items = list(items)
-
-    def get(self, timeout: float):
-        if self.items:
-            item = self.items.pop(0)
-            if item is KeyboardInterrupt:
-                raise KeyboardInterrupt
-            return item
-        self.clock.t += timeout
-        raise queue.Empty
-
-
 def test_driver_turns_the_stop_button_into_an_interrupt():
     m, sink, clock = machine()
     signalled: list[list[int]] = []
     warned: list[list[int]] = []
-    events = Script(
+    events = ScriptedQueue(
         clock,
         [(0, *stream("sleeping\n")), (1, *stream("sleeping\n")), KeyboardInterrupt]
         + [(0, *error_msg("KeyboardInterrupt")), (0, "reply", replied(remote_error("x")))]
@@ -763,7 +747,7 @@ def test_driver_turns_the_stop_button_into_an_interrupt():
 
 def test_driver_asks_the_policy_and_interrupts_by_default():
     m, _, clock = machine(timeout=1.0)
-    events = Script(clock, [])
+    events = ScriptedQueue(clock, [])
     signalled: list[list[int]] = []
     run = Driver(m, events, lambda r: signalled.append(r) or r).run()
     assert run.hang == "timeout" and run.hang_action == "interrupt" and signalled == [[0, 1]]
@@ -772,7 +756,7 @@ def test_driver_asks_the_policy_and_interrupts_by_default():
 
 def test_driver_ends_a_cell_that_completes():
     m, _, clock = machine()
-    events = Script(
+    events = ScriptedQueue(
         clock, [(r, kind, p) for r in (0, 1) for kind, p in (("reply", replied()), ("idle", None))]
     )
     assert Driver(m, events, lambda r: r).run().by_status("ok") == [0, 1]
@@ -781,23 +765,8 @@ def test_driver_ends_a_cell_that_completes():
 # -- the same-program guard ----------------------------------------------------------------------
 
 
-class _Processes:
-    """What check_processes reads of a cluster: its processes, after a refresh."""
-
-    def __init__(self, *processes):
-        from jaxsys_kernel.cluster.records import ProcessInfo
-
-        self.processes = [
-            ProcessInfo(rank=r, state=s, died=d) for r, (s, d) in enumerate(processes)
-        ]
-        self.ranks = list(range(len(processes)))
-
-    def refresh_states(self):
-        pass
-
-
 def test_a_cell_for_a_process_that_is_not_running_says_why():
-    cluster = _Processes(("ready", ""), ("dead", "its pid 41 is gone"), ("starting", ""))
+    cluster = FakeProcesses(("ready", ""), ("dead", "its pid 41 is gone"), ("starting", ""))
     check_processes(cluster, [0], still_running=())
     with pytest.raises(UsageError) as e:
         check_processes(cluster, [0, 1, 2], still_running=())

@@ -18,7 +18,7 @@ from jaxsys_kernel.magics import actions, register_magics
 from jaxsys_kernel.magics.actions_args import MAX_LINE, seconds
 from jaxsys_kernel.magics.magics import JAXSYS_ACTIONS, JaxSysMagics, action_help_transformer
 
-from ..fakes import FakeSession
+from ..fakes import FakeEngine, FakeSession
 
 
 @pytest.fixture(scope="module")
@@ -454,25 +454,6 @@ def test_an_expansion_that_grows_past_the_limit_is_refused(shell, session):
 
 
 # -- %jaxsys logs -------------------------------------------------------------------------------
-
-
-class FakeResult:
-    def __init__(self, value):
-        self.value = value
-
-    def get(self, timeout=None):
-        if isinstance(self.value, BaseException):
-            raise self.value
-        return self.value
-
-
-class FakeEngine:
-    def __init__(self, answer, calls):
-        self.answer, self.calls = answer, calls
-
-    def apply_async(self, fn, *args, **kwargs):
-        self.calls.append((fn, args))
-        return FakeResult(self.answer)
 
 
 class FakeLogCluster(EngineCalls):
