@@ -23,6 +23,7 @@ EXPECTED = {
         "[p0-3] matches NumPy: True",
         # a mesh over half the devices: processes 0 and 1 hold nothing
         "[p0-1] my shards: []",
+        "[p0-1] result's shards here: [] | fully addressable: False",
         "[p0-3] equals the original: True",
     ],
     "00-quickstart.ipynb": [
