@@ -3,7 +3,7 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { KernelLink } from './link';
-import { Action, IReply, IState } from './protocol';
+import { Action, IHealth, IReply, IState } from './protocol';
 
 /**
  * The jaxsys kernel of the current notebook, for the status item, sidebar and commands.
@@ -136,6 +136,23 @@ export function formatRate(rate: number | null | undefined): string {
   return rate === null || rate === undefined ? '-' : `${Math.round(rate * 100)}%`;
 }
 
+/** The cluster's health as the kernel states it (or as an older kernel implies it). */
+export function healthOf(state: IState): IHealth {
+  if (state.health) {
+    return state.health;
+  }
+  const c = state.cluster;
+  if (!c) {
+    return { state: 'stopped', reason: 'no cluster is running', warning: false };
+  }
+  if (c.state !== 'ready') {
+    return { state: c.state, reason: `the cluster is ${c.state}`, warning: false };
+  }
+  return c.warning
+    ? { state: 'degraded', reason: '', warning: true }
+    : { state: 'ready', reason: '', warning: false };
+}
+
 /** The one-line summary of a state shown in the status item. */
 export function summary(state: IState | null): {
   text: string;
@@ -146,18 +163,21 @@ export function summary(state: IState | null): {
     return { text: 'jaxsys …', kind: 'disconnected', title: 'connecting to the kernel' };
   }
   const c = state.cluster;
+  const health = healthOf(state);
   if (!c) {
     return { text: 'jaxsys: no cluster', kind: 'none', title: 'no cluster is running' };
   }
-  if (c.state !== 'ready') {
-    return { text: `jaxsys: ${c.state}…`, kind: 'starting', title: `the cluster is ${c.state}` };
+  if (health.state === 'starting' || health.state === 'restarting') {
+    const title = health.reason || `the cluster is ${health.state}`;
+    return { text: `jaxsys: ${health.state}…`, kind: 'starting', title };
   }
-  const bad = c.processes.filter(p => p.state === 'dead' || p.state === 'stuck');
+  // Every number says what it counts: a reader of the status bar has no legend.
+  const cache = c.cache?.requests ? ` · cache ${formatRate(c.cache.hit_rate)} hits` : '';
   const text =
-    `${c.warning ? '⚠ ' : ''}jaxsys ${c.alive}/${c.nprocs} · ${c.live_devices} devices` +
-    ` · cache ${formatRate(c.cache?.hit_rate)}`;
-  const title = c.warning
-    ? bad.map(p => `p${p.rank} ${p.state}`).join(', ')
-    : `${c.alive} of ${c.nprocs} processes alive; click for the jaxsys sidebar`;
-  return { text, kind: c.warning ? 'warning' : 'ok', title };
+    `${health.warning ? '⚠ ' : ''}jaxsys: ${health.state} · ` +
+    `${c.alive}/${c.nprocs} processes alive · ${c.live_devices} devices${cache}`;
+  const title =
+    (health.reason ? `${health.state}: ${health.reason}; ` : '') +
+    `${c.alive} of ${c.nprocs} processes alive; click for the jaxsys sidebar`;
+  return { text, kind: health.warning ? 'warning' : 'ok', title };
 }

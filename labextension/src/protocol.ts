@@ -60,11 +60,26 @@ export interface ICluster {
   heartbeat_timeout: number | null;
 }
 
+/**
+ * The cluster's state in one word, as `%jaxsys status` says it too (one source in the
+ * kernel: `jaxsys_kernel/magics/health.py`).
+ */
+export interface IHealth {
+  /** `ready`, `starting`, `restarting`, `out of step`, `degraded` or `stopped`. */
+  state: string;
+  /** Why, in one sentence (empty when ready). */
+  reason: string;
+  /** Whether views warn (out of step, degraded). */
+  warning: boolean;
+}
+
 /** What the kernel pushes. */
 export interface IState {
   kernel: { pid: number; version: string };
   cell_running: boolean;
   time: number;
+  /** Absent from kernels older than the health field. */
+  health?: IHealth;
   cluster: ICluster | null;
   error?: string;
 }

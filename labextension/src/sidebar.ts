@@ -1,7 +1,8 @@
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { formatRate, formatSeconds, JaxsysModel } from './model';
+import { formatRate, formatSeconds, healthOf, JaxsysModel } from './model';
 import { Action, ICluster, IProcess, IReply } from './protocol';
 
 const ICON_SVG =
@@ -15,6 +16,13 @@ export const jaxsysIcon = new LabIcon({ name: 'jaxsys:icon', svgstr: ICON_SVG })
 
 /** Newest log lines the sidebar keeps. */
 const MAX_LOG = 200;
+
+/** What the sidebar said for one kernel: its last answer and its log. */
+interface ITranscript {
+  message: string;
+  error: boolean;
+  lines: string[];
+}
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -63,12 +71,12 @@ export class JaxsysSidebar extends Widget {
   async run(action: Action, rank: number | null = null): Promise<IReply | null> {
     const what = rank === null ? action : `${action} p${rank}`;
     this._busy.add(what);
-    this._message.textContent = `${what}…`;
+    this._say(`${what}…`, false);
     this._render();
     try {
       return await this._model.command(action, rank);
     } catch (reason) {
-      this._message.textContent = `${what} failed: ${reason}`;
+      this._say(`${what} failed: ${reason}`, true);
       return null;
     } finally {
       this._busy.delete(what);
@@ -84,7 +92,7 @@ export class JaxsysSidebar extends Widget {
       ['start', 'Start', 'jaxsys-start', 'start a cluster with the kernel’s defaults'],
       ['stop-cluster', 'Stop', 'jaxsys-stop', 'stop the cluster (a running cell is interrupted first)'],
       ['restart-world', 'Restart world', 'jaxsys-restart-world', 'replace every process'],
-      ['stacks', 'Dump stacks', 'jaxsys-stacks', 'innermost frame of every process']
+      ['stacks', 'Dump stacks', 'jaxsys-stacks', 'where each process is: its stack, or idle']
     ];
     for (const [action, label, cls, title] of buttons) {
       const node = button(label, cls, title);
@@ -99,12 +107,15 @@ export class JaxsysSidebar extends Widget {
     }
     table.append(el('thead'), this._rows);
     table.tHead!.append(header);
+    // The table scrolls sideways when the sidebar is narrower than it.
+    const scroller = el('div', 'jaxsys-table-scroll');
+    scroller.append(table);
     this.node.append(
       head,
       this._summary,
       actions,
       this._message,
-      this._section('Processes', table),
+      this._section('Processes', scroller),
       this._section('Live devices', this._grid),
       this._section('Compilation cache', this._cache),
       this._section('Security', this._security),
@@ -121,6 +132,7 @@ export class JaxsysSidebar extends Widget {
   private _render(): void {
     const state = this._model.state;
     const c = state?.cluster ?? null;
+    this._follow(this._model.link);
     this._kernel.textContent = !this._model.link
       ? 'no notebook'
       : this._model.link.isJaxsys === false
@@ -133,13 +145,16 @@ export class JaxsysSidebar extends Widget {
     } else {
       delete this.node.dataset.kernelPid;
     }
+    const health = state ? healthOf(state) : null;
     this._summary.textContent = !state
       ? ''
       : !c
         ? 'no cluster'
-        : `${c.alive}/${c.nprocs} processes alive · ${c.live_devices}/${c.devices} devices` +
-          ` · ${c.state}${state.cell_running ? ' · a cell is running' : ''}`;
-    this._summary.classList.toggle('jaxsys-mod-warning', !!c?.warning);
+        : `${health!.state}${health!.reason ? `: ${health!.reason}` : ''} · ` +
+          `${c.alive}/${c.nprocs} processes alive · ${c.live_devices}/${c.devices} devices` +
+          `${state.cell_running ? ' · a cell is running' : ''}`;
+    this._summary.dataset.health = health?.state ?? '';
+    this._summary.classList.toggle('jaxsys-mod-warning', !!health?.warning);
     const connected = this._model.link?.connected ?? false;
     const ready = connected && c?.state === 'ready';
     const enabled: Record<string, boolean> = {
@@ -191,7 +206,7 @@ export class JaxsysSidebar extends Widget {
     // Symbols keep the table narrow enough for the default sidebar width.
     const kill = button('✕', 'jaxsys-kill', `kill process ${rank} (SIGKILL)`);
     kill.setAttribute('aria-label', `kill p${rank}`);
-    kill.addEventListener('click', () => void this.run('kill', rank));
+    kill.addEventListener('click', () => void this._confirmKill(rank));
     const restart = button('↻', 'jaxsys-restart', `restart process ${rank}`);
     restart.setAttribute('aria-label', `restart p${rank}`);
     restart.addEventListener('click', () => void this.run('restart', rank));
@@ -241,15 +256,59 @@ export class JaxsysSidebar extends Widget {
       ` · saved ${formatSeconds(cache.time_saved)} · ${cache.entries} entries on disk`;
   }
 
+  /** Kill only once the user confirms: it cannot be undone. */
+  private async _confirmKill(rank: number): Promise<void> {
+    const answer = await showDialog({
+      title: `Kill process ${rank}?`,
+      body: `Process ${rank} gets SIGKILL at once; cells running on it fail.`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Kill' })]
+    });
+    if (answer.button.accept) {
+      await this.run('kill', rank);
+    }
+  }
+
   private _onReply(_: JaxsysModel, reply: IReply): void {
-    this._message.textContent = reply.message;
-    this._message.classList.toggle('jaxsys-mod-error', !reply.ok);
+    this._say(reply.message, !reply.ok);
     // The kernel's log lines carry their own time; a bare answer gets one here.
     const stamp = new Date().toLocaleTimeString([], { hour12: false });
     const told = reply.log.some(line => line.endsWith(reply.message));
     const lines = told ? reply.log : [...reply.log, `${stamp} ${reply.action}: ${reply.message}`];
-    this._logLines = [...this._logLines, ...lines].slice(-MAX_LOG);
-    this._log.textContent = this._logLines.join('\n');
+    const t = this._transcript;
+    t.lines = [...t.lines, ...lines].slice(-MAX_LOG);
+    this._showLog();
+  }
+
+  private _say(message: string, error: boolean): void {
+    this._transcript.message = message;
+    this._transcript.error = error;
+    this._message.textContent = message;
+    this._message.classList.toggle('jaxsys-mod-error', error);
+  }
+
+  /** Show the transcript of the current kernel: another kernel's answers are not its. */
+  private _follow(link: object | null): void {
+    if (link === this._shownLink) {
+      return;
+    }
+    this._shownLink = link;
+    let t = link ? this._transcripts.get(link) : undefined;
+    if (!t) {
+      t = { message: '', error: false, lines: [] };
+      if (link) {
+        this._transcripts.set(link, t);
+      }
+    }
+    this._transcript = t;
+    this._message.textContent = t.message;
+    this._message.classList.toggle('jaxsys-mod-error', t.error);
+    this._showLog();
+  }
+
+  /** Show the log, scrolled to its newest line. */
+  private _showLog(): void {
+    this._log.textContent = this._transcript.lines.join('\n');
+    this._log.scrollTop = this._log.scrollHeight;
   }
 
   private _kernel = el('div', 'jaxsys-kernel');
@@ -260,7 +319,9 @@ export class JaxsysSidebar extends Widget {
   private _cache = el('div', 'jaxsys-cache');
   private _security = el('div', 'jaxsys-security');
   private _log = el('pre', 'jaxsys-log');
-  private _logLines: string[] = [];
+  private _shownLink: object | null | undefined = undefined;
+  private _transcript: ITranscript = { message: '', error: false, lines: [] };
+  private _transcripts = new WeakMap<object, ITranscript>();
   private _buttons = new Map<Action, HTMLButtonElement>();
   private _rowByRank = new Map<number, HTMLTableRowElement>();
   private _busy = new Set<string>();
