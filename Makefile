@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: install lab test lint bench docs clean
 
 # The editable install also builds the JupyterLab extension (Node), again when its sources change.
-LABEXTENSION := labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts)
+LABEXTENSION := labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts) $(wildcard labextension/style/*)
 
 $(STAMP): pyproject.toml $(LABEXTENSION)
 	@test -n "$(PYTHON)" || { echo "Python >= 3.12 is required (set PYTHON=/path/to/python3.12)"; exit 1; }
