@@ -171,7 +171,7 @@ def _kill_to_warning(page) -> float:
     page.evaluate(RUN_AND_WATCH, [KILL, "warning"])
     text = _wait_status(page, "warning", "3/4", timeout=HEARTBEAT_S + 5)
     seen = page.evaluate("() => window.__jaxsysSeen")
-    assert text.startswith("⚠ jaxsys 3/4 · 3 devices"), text
+    assert text.startswith("⚠ jaxsys: degraded · 3/4 processes alive · 3 devices"), text
     assert seen is not None and seen < HEARTBEAT_S + 1, seen
     page.wait_for_function(
         "() => document.querySelector('#jaxsys-sidebar tr.jaxsys-process[data-rank=\"2\"]')"
@@ -192,7 +192,7 @@ def _external_kill(page, tag: str, rank: int) -> float:
         p.kill()
     text = _wait_status(page, "warning", "3/4", timeout=HEARTBEAT_S + 5)
     took = time.monotonic() - t0
-    assert text.startswith("⚠ jaxsys 3/4"), text
+    assert text.startswith("⚠ jaxsys: degraded · 3/4 processes alive"), text
     assert _rows(page)[str(rank)] == "dead"
     assert took < HEARTBEAT_S + 1, took
     return took
@@ -264,7 +264,9 @@ def test_status_bar_and_sidebar_in_lab(tag, tmp_path):
                 run_cell(page, START)
                 text = _wait_status(page, "ok", "4/4", timeout=180)
                 times["start -> 4/4"] = time.monotonic() - t0
-                assert text.startswith("jaxsys 4/4 · 4 devices · cache"), text
+                # Every number says what it counts; no bare "cache -" before any compile.
+                assert text.startswith("jaxsys: ready · 4/4 processes alive · 4 devices"), text
+                assert "cache -" not in text, text
                 _check_commands(page)
 
                 page.locator(STATUS).click()
