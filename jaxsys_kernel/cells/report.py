@@ -307,3 +307,20 @@ def innermost(dump: str, code: str | None = None) -> str:
     """One line saying where a process is (the innermost line of its described stack)."""
     where = describe(main_frames(dump), code)
     return where.lines[-1].strip() if where.lines else "(no stack)"
+
+
+IDLE = "idle, waiting for a cell"
+
+
+def process_stack(dump: str, code: str | None = None, max_frames: int = 12) -> list[str]:
+    """Where a process is, for a reader: its user-level stack, outermost call first, or idle.
+
+    A process outside any cell waits in the engine's event loop for the next request; its
+    frames there say nothing to a user, so it is said to be idle.
+    """
+    frames = main_frames(dump)
+    if not frames:
+        return ["(no stack: the process did not answer)"]
+    if not any(f.in_cell for f in frames):
+        return [IDLE]
+    return describe(frames, code, max_frames).lines
