@@ -65,8 +65,11 @@ def _stacks(session, rank, say, log) -> None:
     ranks = cluster.ranks if rank is None else [int(rank)]
     stacks = cluster.dump_stacks(ranks)
     for r in ranks:
-        log(f"p{r} {report.innermost(stacks.get(r, ''))}")
-    say(f"stacks of {format_procs(ranks)}: innermost frames in the log")
+        first, *rest = report.process_stack(stacks.get(r, ""))
+        log(f"p{r} {first}")
+        for line in rest:
+            log(f"    {line}")
+    say(f"stacks of {format_procs(ranks)} in the log (your code first, or idle)")
 
 
 def _kill(session, rank, say, log) -> None:
