@@ -197,17 +197,21 @@ def render_group(g: ErrorGroup, cell_number: int | None = None) -> list[str]:
 
 def innermost_cell_line(tb) -> str | None:
     """``line 6: time.sleep(30)``: where in the cell a traceback was, or None."""
-    where = None
-    for line in lines_of(tb):
-        plain = strip_ansi(line)
+    line, source = None, ""
+    for text in lines_of(tb):
+        plain = strip_ansi(text)
         m = re.match(r"\s*Cell In\[\d+\], line (\d+)", plain)
         if m:
-            where = [f"line {m.group(1)}", ""]
-        elif where is not None and plain.startswith("---->"):
-            where[1] = plain.split(None, 2)[-1].strip()
-    if where is None:
+            line, source = m.group(1), ""
+            continue
+        # IPython marks the frame's current line with an arrow padded to a fixed width:
+        # "----> 6 source" in a short cell, "--> 543 source" in a long file.
+        marked = re.match(r"\s*-+>\s*(\d+)\s?(.*)$", plain)
+        if marked and line is not None and marked.group(1) == line and not source:
+            source = marked.group(2).strip()
+    if line is None:
         return None
-    return f"{where[0]}: {where[1]}" if where[1] else where[0]
+    return f"line {line}: {source}" if source else f"line {line}"
 
 
 def folded(g: ErrorGroup) -> str:

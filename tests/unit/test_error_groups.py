@@ -152,3 +152,14 @@ def test_verbose_shows_the_interrupt_tracebacks():
 def test_innermost_cell_line():
     assert innermost_cell_line(tb("x", line=3)) == "line 3: raise ValueError(msg)"
     assert innermost_cell_line(["no cell here"]) is None
+
+
+def test_innermost_cell_line_reads_ipythons_arrows_of_any_width():
+    lines = [
+        "Cell In[12], line 105",
+        "    104 x = 1",
+        "--> 105 step(x)",
+        "File .../jax/_src/array.py:640, in _value",
+        "--> 640 raise RuntimeError('not this one')",
+    ]
+    assert innermost_cell_line(lines) == "line 105: step(x)"
