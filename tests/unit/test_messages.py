@@ -13,7 +13,19 @@ from jaxsys_kernel.magics.actions_args import check_options, did_you_mean
 from jaxsys_kernel.magics.actions_help import plain_text
 from jaxsys_kernel.magics.magics import JaxSysMagics
 
-from .test_magics_dispatch import FakeSession
+
+class FakeSession:
+    """Records the session calls the magics make (none, when a line is refused)."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.spmd = False
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+
+        return call
 
 
 @pytest.fixture(scope="module")
