@@ -24,7 +24,7 @@ from .._ranges import format_procs
 WINDOW = 1.0
 # Seconds a difference waits to learn whether the processes finish anyway (then their
 # result is wrong) or wait for each other.
-SETTLE = 0.4
+SETTLE = 0.5
 
 
 def entry_key(entry: dict) -> tuple:
@@ -146,7 +146,7 @@ class DivergenceCheck:
         if self._pending is not None:
             times.append(self._pending[0] + self.settle)
         for first in self._first.values():
-            times.extend(t + self.window for t in first.values())
+            times.extend(t + d for t in first.values() for d in (self.settle, self.window))
         future = [t for t in times if t > self.clock()]
         return min(future) if future else None
 
@@ -160,7 +160,7 @@ class DivergenceCheck:
                 by_key.setdefault(entry_key(e), []).append(r)
             if len(by_key) > 1:
                 since = max(e["_at"] for e in have.values())
-                self._pending = (since, have, list(by_key.values()))
+                self._pending = (since, group, k)
                 return None
             missing = [r for r in group if r not in have]
             if not missing:
@@ -172,11 +172,15 @@ class DivergenceCheck:
                 # process took the call from JAX's cache, where it cannot be seen.
                 return None
             if done:
+                late = len(done) < len(missing)
+                if late and self.clock() - self._first[group][k] < self.settle:
+                    return None  # the others may still report it: name them all at once
+                waiting = [r for r in group if r not in done]
                 return self._found(
                     "skipped",
                     f"{format_procs(done)} finished the cell without running {call_text(entry)}"
                     f" that {format_procs(ran)} ran{_at(entry)}: "
-                    f"{format_procs(ran)} will wait for {format_procs(done)}",
+                    f"{format_procs(waiting)} will wait for {format_procs(done)}",
                     done,
                 )
             stuck = self._stuck(missing, self._first[group][k])
@@ -205,12 +209,18 @@ class DivergenceCheck:
         )
 
     def _settle(self) -> None:
-        since, have, groups = self._pending
-        involved = [r for g in groups for r in g]
-        all_done = all(self.procs[r].finished for r in involved)
+        since, group, k = self._pending
+        all_done = all(self.procs[r].finished for r in group)
         if not all_done and self.clock() - since < self.settle:
             return
-        groups = sorted(groups, key=lambda g: (-len(g), g[0]))
+        # Grouped now, not when the difference appeared: late reporters join their group.
+        have = {
+            r: seq[k] for r in group if len(seq := self.procs[r].entries.get(group, [])) > k
+        }
+        by_key: dict[tuple, list[int]] = {}
+        for r, e in have.items():
+            by_key.setdefault(entry_key(e), []).append(r)
+        groups = sorted(by_key.values(), key=lambda g: (-len(g), g[0]))
         main, others = groups[0], groups[1:]
         base = have[main[0]]
         parts = []
@@ -233,4 +243,57 @@ class DivergenceCheck:
         return self.finding
 
 
-__all__ = ["SETTLE", "WINDOW", "DivergenceCheck", "Finding", "call_text", "entry_key"]
+
+
+class DivergenceWatch:
+    """Takes the divergence records out of a cell's events and shows the finding once.
+
+    Parameters
+    ----------
+    check : DivergenceCheck
+    say : callable
+        ``say(text)``: shows one line under the cell (the sink's stderr).
+    mime : str
+        The mime type of the records in ``display_data`` messages.
+    """
+
+    def __init__(self, check: DivergenceCheck, say: Callable[[str], None], mime: str):
+        self.check = check
+        self.say = say
+        self.mime = mime
+        self.told: Finding | None = None
+
+    def intercept(self, rank: int, kind: str, payload) -> bool:
+        """True when the event was a divergence record (then nothing else must see it)."""
+        if kind != "iopub" or payload["header"]["msg_type"] != "display_data":
+            return False
+        record = payload["content"].get("data", {}).get(self.mime)
+        if record is None:
+            return False
+        self.check.feed(rank, record)
+        return True
+
+    def tick(self, running: set[int]) -> None:
+        """Tell the check who has finished, and show a new finding."""
+        for r in self.check.ranks:
+            if r not in running and not self.check.procs[r].finished:
+                self.check.finished(r)
+        found = self.check.poll()
+        if found is not None and self.told is None:
+            self.told = found
+            self.say(f"jaxsys: {found.message}\n")
+
+    def deadline(self) -> float | None:
+        """When :meth:`tick` must run next without an event."""
+        return self.check.next_deadline()
+
+
+__all__ = [
+    "SETTLE",
+    "WINDOW",
+    "DivergenceCheck",
+    "DivergenceWatch",
+    "Finding",
+    "call_text",
+    "entry_key",
+]

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import queue
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from .. import _compat
+from ..engine import hooks as engine_hooks
+from ..errors import CellError
+from .divergence import DivergenceCheck, DivergenceWatch
 from .result import CellRun, MultihostInterrupt, interrupt_summary
 from .run import DONE, INTERRUPT, JUDGE, CellMachine
 from .sink import Sink
@@ -54,6 +58,37 @@ def send_cell(cluster, code: str, ranks: Sequence[int]) -> queue.SimpleQueue:
     return events
 
 
+# Per cluster, the (engine id, pid) of every engine whose cell hooks are installed: a
+# process started again (a rejoin, a world restart) needs them once more.
+_hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def ensure_hooks(cluster, ranks: Sequence[int]) -> None:
+    """Install the engine-side cell hooks where they are not yet (one request, once).
+
+    Raises
+    ------
+    CellError
+        A process could not install them; the message names it and why.
+    """
+    done = _hooked.setdefault(cluster, set())
+    idents = {r: (cluster.processes[r].engine_id, cluster.processes[r].pid) for r in ranks}
+    missing = [r for r in ranks if idents[r] not in done]
+    if not missing:
+        return
+    calls = cluster.call(missing, engine_hooks.install, timeout=10.0)
+    bad = {r: repr(e) for r, e in calls.errors.items()}
+    bad.update({r: "no answer in 10 s" for r in calls.missing})
+    bad.update({r: "not an IPython engine" for r, ok in calls.results.items() if not ok})
+    if bad:
+        told = "; ".join(f"process {r}: {why}" for r, why in sorted(bad.items()))
+        raise CellError(
+            f"could not set up the per-cell hooks ({told}); run the cell with --no-check "
+            "and without --thread-guard, or %jaxsys restart"
+        )
+    done.update(idents[r] for r in missing)
+
+
 class Driver:
     """Carries out what the machine decides, taking events off the queue in between.
 
@@ -69,6 +104,8 @@ class Driver:
         ``interrupt`` without one.
     on_interrupt : callable, optional
         Called with the ranks about to be interrupted, just before they are signalled.
+    watch : DivergenceWatch, optional
+        Takes the divergence records off the queue before the machine sees them.
     """
 
     def __init__(
@@ -78,12 +115,14 @@ class Driver:
         interrupt: Callable[[list[int]], list[int]],
         on_hang: Callable[[CellRun], str] | None = None,
         on_interrupt: Callable[[list[int]], None] | None = None,
+        watch: DivergenceWatch | None = None,
     ):
         self.machine = machine
         self.events = events
         self.interrupt = interrupt
         self.on_hang = on_hang
         self.on_interrupt = on_interrupt
+        self.watch = watch
 
     def run(self) -> CellRun:
         """Drive the cell to its end.
@@ -120,13 +159,19 @@ class Driver:
                 self.on_interrupt(ranks)
             m.interrupted(self.interrupt(ranks))
         else:
+            until = step.until
+            if self.watch is not None and self.watch.deadline() is not None:
+                until = self.watch.deadline() if until is None else min(until, self.watch.deadline())
             # At least a millisecond: a timer that did not move must not spin the loop.
-            wait = POLL if step.until is None else min(POLL, max(0.001, step.until - m.clock()))
+            wait = POLL if until is None else min(POLL, max(0.001, until - m.clock()))
             try:
                 event = self.events.get(timeout=wait)
             except queue.Empty:
-                return False
-            m.feed(*event)
+                event = None
+            if event is not None and not (self.watch and self.watch.intercept(*event)):
+                m.feed(*event)
+            if self.watch is not None:
+                self.watch.tick(m.running)
         return False
 
 
@@ -144,6 +189,8 @@ def execute(
     grace: float | None = None,
     on_hang: Callable[[CellRun], str] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    hooks: dict[str, dict] | None = None,
+    known: set | None = None,
 ) -> CellRun:
     """Run ``code`` on the given processes and stream their output as it arrives.
 
@@ -177,6 +224,13 @@ def execute(
         hang: keep waiting until the deadline).
     clock : callable
         Monotonic clock.
+    hooks : dict, optional
+        Engine-side cell hooks to run around the cell, ``{name: options}`` (see
+        :mod:`jaxsys_kernel.engine.hooks`): ``thread_guard``, ``divergence``, ``profile``.
+        With ``divergence`` the processes' dispatches are compared while the cell runs.
+    known : set, optional
+        Dispatch entries seen in earlier cells (updated with this cell's); see
+        :class:`~jaxsys_kernel.cells.divergence.DivergenceCheck`.
 
     Returns
     -------
@@ -199,5 +253,16 @@ def execute(
         all_displays=all_displays,
         window=window,
     )
+    watch = None
+    if hooks:
+        ensure_hooks(cluster, procs)
+        code = engine_hooks.wrap(code, hooks)
+    if hooks and "divergence" in hooks:
+        check = DivergenceCheck(procs, clock, known=known)
+        watch = DivergenceWatch(check, machine.sink.stderr, engine_hooks.RECORD_MIME)
     events = send_cell(cluster, code, procs)
-    return Driver(machine, events, cluster.interrupt, on_hang, on_interrupt).run()
+    try:
+        return Driver(machine, events, cluster.interrupt, on_hang, on_interrupt, watch).run()
+    finally:
+        if watch is not None and known is not None:
+            known |= watch.check.seen

@@ -30,7 +30,7 @@ import time
 
 from . import hooks
 
-MIME = "application/vnd.jaxsys.dispatch+json"
+MIME = hooks.RECORD_MIME
 # JAX versions whose slow dispatch path this module reads (jax._src.pjit).
 SUPPORTED_JAX = ("0.12.",)
 _LOGGER = "jax._src.util"

@@ -30,6 +30,11 @@ from typing import Any
 from ..errors import EngineError
 
 MARKER = "#jaxsys-cell-hooks "
+# The mime type of what hooks send to the kernel while their cell runs (``display_data``
+# on the cell's own channel); the kernel takes these off before anything is shown.
+RECORD_MIME = "application/vnd.jaxsys.hook-record+json"
+# The name of the annotation that marks the start of a profiled cell in each trace.
+PROFILE_MARK = "jaxsys: cell starts"
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ _registry: dict[str, Hook] = {}
 BUILTIN = {
     "thread_guard": "jaxsys_kernel.engine.guards",
     "divergence": "jaxsys_kernel.engine.divergence",
+    "profile": "jaxsys_kernel.engine.profiling",
 }
 # (hook, state) for every hook whose ``before`` ran in the current cell.
 _active: list[tuple[Hook, Any]] = []
@@ -215,4 +221,4 @@ def installed() -> bool:
     return _installed
 
 
-__all__ = ["MARKER", "Hook", "arm_next", "begin", "end", "install", "parse", "register", "registered", "wrap"]
+__all__ = ["MARKER", "RECORD_MIME", "Hook", "arm_next", "begin", "end", "install", "parse", "register", "registered", "wrap"]

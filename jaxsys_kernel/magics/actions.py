@@ -21,6 +21,7 @@ from ..cluster.launchers import launcher_names
 from . import actions_help
 from .actions_args import did_you_mean, env_pairs, rank, seconds, split
 from .actions_cache import cache
+from .actions_divergence import divergence
 from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
 from .actions_jobs import attach, job_line, launcher_options, scheduler_arguments
@@ -402,6 +403,7 @@ ACTIONS: dict[str, Action] = {
         Action("logs", logs, "%jaxsys logs needs a process, e.g. %jaxsys logs 0"),
         Action("cache", cache),
         Action("transfer-guard", transfer_guard),
+        Action("divergence", divergence),
         Action("attach", attach, "%jaxsys attach needs a Slurm job id, e.g. %jaxsys attach 1234"),
         Action("barrier", barrier, "%jaxsys barrier needs a name, e.g. %jaxsys barrier step-1"),
     )

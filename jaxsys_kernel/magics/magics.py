@@ -67,6 +67,7 @@ def cell_options(args) -> dict:
         "on_hang": args.on_hang,
         "force": args.force,
         "thread_guard": True if args.thread_guard else None,
+        "check": False if args.no_check else None,
     }
 
 
@@ -134,6 +135,11 @@ class JaxSysMagics(Magics):
         "--thread-guard",
         action="store_true",
         help="run the cell under jax.thread_guard: multi-process JAX operations from other threads fail",
+    )
+    @argument(
+        "--no-check",
+        action="store_true",
+        help="do not compare the processes' dispatches while the cell runs (%%jaxsys divergence)",
     )
     @argument(
         "--verbose",

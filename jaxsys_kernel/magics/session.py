@@ -18,7 +18,6 @@ from .._ranges import parse_procs
 from ..cells import guard, hang
 from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 from ..cluster import Cluster
-from . import actions_guard
 from .boundary import usage_boundary
 from .controls import Controls
 from .dashboard_wiring import DashboardWiring
@@ -41,6 +40,8 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
 
     # Whether cells run under jax.thread_guard unless told otherwise (%jaxsys start --thread-guard).
     thread_guard = False
+    # Whether cells compare the processes' dispatches as they run (%jaxsys divergence).
+    divergence = True
 
     def __init__(self, shell=None):
         self.shell = shell
@@ -59,6 +60,8 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         # everywhere: the same-program guard compares them.
         self.ledger = guard.Ledger()
         self.last_summaries: dict[str, dict] = {}
+        # Dispatches reported in earlier cells (the divergence check leaves them out).
+        self.dispatches_seen: set = set()
         self.dashboard = None
         self._unsubscribe = None
         # Set by the kernel: returns a subshell id for widget controls (None without one).
@@ -92,6 +95,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         on_hang: str | None = None,
         force: bool = False,
         thread_guard: bool | None = None,
+        check: bool | None = None,
     ) -> cells.CellResult | None:
         """Run a cell on the selected processes; raise if any of them failed.
 
@@ -115,8 +119,11 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         policy = hang.HangPolicy(
             on_hang, cluster.dump_stacks, timeout=timeout, grace=grace, code=code
         )
+        hooks = {}
         if self.thread_guard if thread_guard is None else thread_guard:
-            actions_guard.arm_thread_guard(cluster, ranks)
+            hooks["thread_guard"] = {}
+        if self.divergence if check is None else check:
+            hooks["divergence"] = {}
         sink = cells.Sink(on_summary=self._remember_summary)
         try:
             run = cells.execute(
@@ -130,6 +137,8 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
                 sink=sink,
                 grace=grace,
                 on_hang=policy,
+                hooks=hooks,
+                known=self.dispatches_seen,
             )
         finally:
             self.broken = policy.broken or self.broken

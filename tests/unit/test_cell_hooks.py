@@ -92,4 +92,4 @@ def test_arm_next_runs_hooks_around_the_next_cell_only(shell, calls):
 
 
 def test_the_builtin_hooks_are_one_entry_each():
-    assert {"thread_guard", "divergence"} <= set(hooks.registered())
+    assert {"thread_guard", "divergence", "profile"} <= set(hooks.registered())

@@ -186,3 +186,32 @@ def test_the_first_finding_stays():
 
 def test_call_text():
     assert call_text({"name": "sum", "args": ["f32[8,4]", "i32[]"]}) == "sum(f32[8,4], i32[])"
+
+
+def test_a_skip_waits_briefly_for_the_others_to_report():
+    check, clock = make()
+    check.feed(3, dispatch())
+    check.finished(2)
+    assert check.poll() is None
+    check.feed(0, dispatch())
+    check.feed(1, dispatch())
+    assert "that p0-1,3 ran" in check.poll().message
+
+
+def test_a_skip_is_named_after_the_settle_time_even_if_some_never_report():
+    check, clock = make()
+    check.feed(3, dispatch())
+    check.finished(2)
+    clock.now += check.settle
+    assert check.poll().message.endswith("that p3 ran at line 4: p0-1,3 will wait for p2")
+
+
+def test_late_reporters_join_their_group_before_the_sentence():
+    check, clock = make()
+    check.feed(2, dispatch("g"))
+    check.feed(3, dispatch("f"))
+    assert check.poll() is None
+    check.feed(0, dispatch("f"))
+    check.feed(1, dispatch("f"))
+    clock.now += check.settle
+    assert check.poll().message.startswith("p2 ran g(f32[8]) at line 4 where p0-1,3 ran f(f32[8])")
