@@ -186,19 +186,71 @@ def renumber(lines: Sequence[str], cell_number: int | None) -> list[str]:
     return [_CELL.sub(sub, line) for line in lines]
 
 
+# A frame of an IPython traceback starts with its location; JAX's and jaxlib's own frames
+# are the ones JAX's traceback filtering hides from users.
+_FRAME_START = re.compile(r"^(?:File (?P<file>.+?):\d+, in |Cell In\[)")
+_JAX_FILE = re.compile(r"/(?:jax|jaxlib)/")
+# Lines between tracebacks of a chain (or above one), never part of a frame.
+_BETWEEN = re.compile(
+    r"^(?:-{20,}|\S*(?:Error|Exception|Interrupt)\b.*Traceback \(most recent|"
+    r"The above exception|During handling of the above)"
+)
+
+
+def hide_jax_frames(lines: Sequence[str]) -> list[str]:
+    """Fold runs of JAX's internal frames as JAX's own traceback filtering does.
+
+    JAX marks its frames hidden for IPython; a traceback that reaches the kernel without
+    that filtering (an interrupt, an error re-raised by a guard) would bury the user's line
+    under dozens of them. The innermost frame always stays: it is where the error was raised.
+    """
+    blocks: list[tuple[bool, list[str]]] = []  # (inside JAX, lines)
+    for line in lines:
+        plain = strip_ansi(line)
+        start = _FRAME_START.match(plain)
+        if start or _BETWEEN.match(plain) or not blocks:
+            jax = bool(start and start.group("file") and _JAX_FILE.search(start.group("file")))
+            blocks.append((jax, [line]))
+        else:
+            blocks[-1][1].append(line)
+    out: list[str] = []
+    hidden = 0
+    for i, (jax, body) in enumerate(blocks):
+        if jax and not _innermost(blocks, i):
+            hidden += 1
+            continue
+        if hidden:
+            out += [f"    [... {hidden} frame{'s' if hidden > 1 else ''} inside JAX hidden]", ""]
+            hidden = 0
+        out += body
+    return out
+
+
+def _innermost(blocks: list[tuple[bool, list[str]]], i: int) -> bool:
+    """Whether block ``i`` is the last frame of its traceback (of a chain's several)."""
+    for _, body in blocks[i + 1 :]:
+        first = strip_ansi(body[0])
+        if _BETWEEN.match(first):
+            return True
+        if _FRAME_START.match(first):
+            return False
+    return True
+
+
 def render_group(g: ErrorGroup, cell_number: int | None = None) -> list[str]:
     """A group's heading, its table of differing values, and its one traceback."""
     lines = [f"[{format_procs(g.ranks)}] {g.ename}: {g.message()}", *table(g)]
     tb = lines_of(g.error.get("traceback"))
     if g.labels:
         tb = _with_message("\n".join(tb), g.error, g.message()).split("\n")
-    return lines + renumber(tb, cell_number)
+    return lines + renumber(hide_jax_frames(tb), cell_number)
 
 
 def innermost_cell_line(tb) -> str | None:
     """``line 6: time.sleep(30)``: where in the cell a traceback was, or None."""
     line, source = None, ""
-    for text in lines_of(tb):
+    # IPython sends one string per frame, several lines each.
+    for text in "\n".join(lines_of(tb)).splitlines():
         plain = strip_ansi(text)
         m = re.match(r"\s*Cell In\[\d+\], line (\d+)", plain)
         if m:

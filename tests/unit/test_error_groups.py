@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from jaxsys_kernel.cells import MultihostError, MultihostTimeout, raise_for_run, render_errors
-from jaxsys_kernel.cells.grouping import group, innermost_cell_line, renumber, table
+from jaxsys_kernel.cells.grouping import (
+    group,
+    hide_jax_frames,
+    innermost_cell_line,
+    renumber,
+    table,
+)
 from jaxsys_kernel.cells.result import CellRun, ProcResult
 
 RED, RESET = "\x1b[0;31m", "\x1b[0m"
@@ -163,3 +169,64 @@ def test_innermost_cell_line_reads_ipythons_arrows_of_any_width():
         "--> 640 raise RuntimeError('not this one')",
     ]
     assert innermost_cell_line(lines) == "line 105: step(x)"
+
+
+SITE = "/venv/lib/python3.12/site-packages"
+
+
+def jax_traceback() -> list[str]:
+    frames = [f"File {SITE}/jax/_src/api.py:{100 + i}, in f{i}(x)\n  {i} code\n" for i in range(20)]
+    return [
+        "---------------------------------------------------------------------------",
+        "TransferGuardError                        Traceback (most recent call last)",
+        "Cell In[4], line 3",
+        "      2 x = make()",
+        "----> 3 jax.device_put(x, other)",
+        "",
+        *frames,
+        f"File {SITE}/jax/_src/dispatch.py:500, in _check(x)",
+        "--> 500 raise TransferGuardError(msg)",
+        "",
+        "TransferGuardError: transfer refused",
+    ]
+
+
+def test_jax_internal_frames_are_hidden_but_the_raise_site_stays():
+    lines = hide_jax_frames(jax_traceback())
+    text = "\n".join(lines)
+    assert "----> 3 jax.device_put(x, other)" in text
+    assert "[... 20 frames inside JAX hidden]" in text and "api.py" not in text
+    assert "dispatch.py:500" in text and text.endswith("TransferGuardError: transfer refused")
+
+
+def test_hiding_keeps_each_chained_tracebacks_raise_site():
+    chained = [*jax_traceback(), "", "The above exception was the direct cause of:", ""]
+    chained += jax_traceback()
+    text = "\n".join(hide_jax_frames(chained))
+    assert text.count("dispatch.py:500") == 2 and text.count("inside JAX hidden") == 2
+    assert "The above exception was the direct cause" in text
+
+
+def test_rendered_groups_hide_jax_frames():
+    err = {
+        "ename": "TransferGuardError",
+        "evalue": "transfer refused",
+        "traceback": jax_traceback(),
+    }
+    run = run_of({0: err, 1: err})
+    text = "\n".join(render_errors(run))
+    assert "api.py" not in text and "inside JAX hidden" in text
+
+
+def test_frames_sent_as_one_string_each_are_read_too():
+    # IPython's structured traceback holds one multi-line string per frame.
+    tb_ = [
+        "-" * 75 + "\nKeyboardInterrupt    Traceback (most recent call last)",
+        "Cell In[2], line 6\n      5 x = 1\n----> 6 time.sleep(30)\n",
+        f"File {SITE}/jax/_src/api.py:10, in f()\n---> 10 wait()\n",
+        f"File {SITE}/jax/_src/api.py:20, in g()\n---> 20 wait()\n",
+        "KeyboardInterrupt: ",
+    ]
+    assert innermost_cell_line(tb_) == "line 6: time.sleep(30)"
+    kept = hide_jax_frames(tb_)
+    assert "api.py:10" not in "\n".join(kept) and "api.py:20" in "\n".join(kept)
