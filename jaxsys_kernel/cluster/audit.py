@@ -119,7 +119,7 @@ def _controller_endpoints(cluster) -> list[Endpoint]:
     """Every socket the controller and its scheduler processes listen on."""
     import psutil
 
-    ipp = cluster._ipp
+    ipp = cluster.world.ipp
     roles, info = _controller_roles(ipp)
     curve = bool(info.get("curve_serverkey"))
     protection = "CurveZMQ" if curve else "HMAC (signed, not encrypted)"
