@@ -10,7 +10,9 @@ __all__ = ["divergence"]
 
 
 @magic_arguments("jaxsys divergence")
-@argument("mode", nargs="?", choices=("on", "off"), help="turn the check on or off")
+@argument(
+    "mode", nargs="?", choices=("on", "off"), metavar="on|off", help="turn the check on or off"
+)
 def divergence(session, args: argparse.Namespace) -> None:
     """Turn the divergence check on or off for every later ``%%multihost`` cell.
 

@@ -196,6 +196,7 @@ def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, se
         "logs": "0",
         "cache": "show",
         "transfer-guard": "log",
+        "divergence": "on",
         "barrier": "b",
     }.get(name, "")
     for flag in foreign:
@@ -239,6 +240,7 @@ def test_the_action_table():
         "logs",
         "cache",
         "transfer-guard",
+        "divergence",
         "barrier",
     )
     assert OWN["transfer-guard"] == {"LEVEL", "--h2d", "--d2h", "--d2d", "--reset-counts"}
