@@ -26,6 +26,7 @@ from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
 from .actions_jobs import attach, job_line, launcher_options, scheduler_arguments
 from .actions_logs import logs
+from .actions_profile import profile
 from .boundary import usage_errors
 from .health import health
 
@@ -404,6 +405,7 @@ ACTIONS: dict[str, Action] = {
         Action("cache", cache),
         Action("transfer-guard", transfer_guard),
         Action("divergence", divergence),
+        Action("profile", profile, "%jaxsys profile needs start or stop"),
         Action("attach", attach, "%jaxsys attach needs a Slurm job id, e.g. %jaxsys attach 1234"),
         Action("barrier", barrier, "%jaxsys barrier needs a name, e.g. %jaxsys barrier step-1"),
     )

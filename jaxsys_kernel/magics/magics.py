@@ -68,6 +68,7 @@ def cell_options(args) -> dict:
         "force": args.force,
         "thread_guard": True if args.thread_guard else None,
         "check": False if args.no_check else None,
+        "profile": args.profile,
     }
 
 
@@ -135,6 +136,11 @@ class JaxSysMagics(Magics):
         "--thread-guard",
         action="store_true",
         help="run the cell under jax.thread_guard: multi-process JAX operations from other threads fail",
+    )
+    @argument(
+        "--profile",
+        action="store_true",
+        help="run jax.profiler on the processes and show one merged timeline of them",
     )
     @argument(
         "--no-check",

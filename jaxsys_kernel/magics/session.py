@@ -10,12 +10,13 @@ stop, restarts, certificates), :class:`~.dashboard_wiring.DashboardWiring`,
 from __future__ import annotations
 
 import sys
+import time
 
 from IPython.core.error import UsageError
 
 from .. import cells
 from .._ranges import parse_procs
-from ..cells import guard, hang
+from ..cells import guard, hang, timeline
 from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 from ..cluster import Cluster
 from .boundary import usage_boundary
@@ -96,6 +97,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         force: bool = False,
         thread_guard: bool | None = None,
         check: bool | None = None,
+        profile: bool = False,
     ) -> cells.CellResult | None:
         """Run a cell on the selected processes; raise if any of them failed.
 
@@ -124,6 +126,8 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             hooks["thread_guard"] = {}
         if self.divergence if check is None else check:
             hooks["divergence"] = {}
+        if profile:
+            hooks["profile"] = {}
         sink = cells.Sink(on_summary=self._remember_summary)
         try:
             run = cells.execute(
@@ -142,6 +146,8 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             )
         finally:
             self.broken = policy.broken or self.broken
+        if profile and run.hang_action is None:
+            timeline.show(timeline.collect(cluster, ranks, time.strftime("cell-%H%M%S")))
         self._after_run(run)
         return cells.cell_result(run, sink)
 

@@ -197,6 +197,7 @@ def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, se
         "cache": "show",
         "transfer-guard": "log",
         "divergence": "on",
+        "profile": "start",
         "barrier": "b",
     }.get(name, "")
     for flag in foreign:
@@ -241,6 +242,7 @@ def test_the_action_table():
         "cache",
         "transfer-guard",
         "divergence",
+        "profile",
         "barrier",
     )
     assert OWN["transfer-guard"] == {"LEVEL", "--h2d", "--d2h", "--d2d", "--reset-counts"}

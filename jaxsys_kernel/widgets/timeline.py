@@ -1,0 +1,121 @@
+"""The timeline view: what every process ran, on one time axis.
+
+It draws a ``timeline`` summary (:func:`jaxsys_kernel.cells.timeline.summary`): one row per
+process with its executables (blue), collectives (orange) and the cell lines they came from
+(grey, thin, above); wheel to zoom, drag to pan, hover for name and duration. The slowest
+process (most time in executables) is marked, so the processes that wait for it in each
+collective stand out. The mime bundle also carries the same drawing as a static SVG
+(``image/svg+xml``) and a table (``text/plain``), so a saved notebook shows it without
+widgets.
+
+This module never imports JAX.
+"""
+
+from __future__ import annotations
+
+import html
+import pathlib
+from typing import Any
+
+import anywidget
+import traitlets
+
+_STATIC = pathlib.Path(__file__).parent / "static"
+COLOURS = {"executable": "#4e8fd6", "collective": "#f08a24", "line": "#b0b0b0"}
+ROW, WIDTH, LEFT = 34, 900, 60
+
+
+def slowest(info: dict) -> int | None:
+    """The process that spent the most time in executables."""
+    procs = info.get("processes") or []
+    return max(procs, key=lambda p: p["executable_us"])["rank"] if procs else None
+
+
+def timeline_svg(info: dict) -> str:
+    """The summary drawn as a static SVG (what the view shows before any zoom)."""
+    procs = info.get("processes") or []
+    end = max(info.get("end_us") or 0.0, 1.0)
+    scale = (WIDTH - LEFT - 10) / end
+    height = ROW * len(procs) + 30
+    late = slowest(info)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        'font-family="sans-serif" font-size="11">'
+    ]
+    for i, p in enumerate(procs):
+        y = 10 + i * ROW
+        mark = " (slowest)" if p["rank"] == late and len(procs) > 1 else ""
+        parts.append(f'<text x="2" y="{y + 18}">p{p["rank"]}{mark}</text>')
+        for s in p["spans"]:
+            x, w = LEFT + s["start"] * scale, max(s["dur"] * scale, 0.5)
+            top, h = (y, 6) if s["kind"] == "line" else (y + 8, 18)
+            title = html.escape(f"p{p['rank']} {s['name']}: {s['dur'] / 1e3:.3f} ms")
+            parts.append(
+                f'<rect x="{x:.1f}" y="{top}" width="{w:.1f}" height="{h}" '
+                f'fill="{COLOURS[s["kind"]]}"><title>{title}</title></rect>'
+            )
+    parts.append(
+        f'<text x="{LEFT}" y="{height - 6}">0 to {end / 1e3:.1f} ms on the kernel\'s clock; '
+        "blue: executables, orange: collectives, grey: cell lines</text></svg>"
+    )
+    return "".join(parts)
+
+
+def timeline_text(info: dict) -> str:
+    """One line per process: time in executables and the longest of them."""
+    lines = []
+    for p in info.get("processes") or []:
+        longest = max(
+            (s for s in p["spans"] if s["kind"] != "line"), key=lambda s: s["dur"], default=None
+        )
+        what = f"; longest {longest['name']} {longest['dur'] / 1e3:.3f} ms" if longest else ""
+        lines.append(f"p{p['rank']}: {p['executable_us'] / 1e3:.3f} ms in executables{what}")
+    return "\n".join(lines) or "<empty timeline>"
+
+
+class TimelineView(anywidget.AnyWidget):
+    """Every process's executables and collectives on one time axis.
+
+    Parameters
+    ----------
+    info : dict, optional
+        A ``timeline`` summary dict.
+    **kwargs
+        Passed to ``anywidget.AnyWidget``.
+
+    Examples
+    --------
+    >>> view = TimelineView({"kind": "timeline", "end_us": 10.0, "processes": []})
+    >>> view.text()
+    '<empty timeline>'
+    """
+
+    _esm = _STATIC / "timeline.js"
+    info = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, info: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(info=info or {}, **kwargs)
+
+    @traitlets.validate("info")
+    def _valid_info(self, proposal: Any) -> dict:
+        info = proposal["value"]
+        if info and info.get("kind") != "timeline":
+            raise traitlets.TraitError(
+                f"TimelineView shows a 'timeline' summary, got kind={info.get('kind')!r}"
+            )
+        return info
+
+    def text(self) -> str:
+        """The timeline as one line per process."""
+        return timeline_text(self.info)
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
+        data = {k: v for k, v in data.items() if not k.startswith("text/")}
+        data["image/svg+xml"] = timeline_svg(self.info)
+        data["text/plain"] = self.text()
+        return data, metadata
+
+
+__all__ = ["TimelineView", "slowest", "timeline_svg", "timeline_text"]
