@@ -334,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for start")
     cl.add_argument("--foreground", action="store_true", help="own the cluster in this process")
 
+    from .job.cli import add_parser as add_job_parser
+
+    add_job_parser(sub)
+
     ik = sub.add_parser("install-kernel", help="install the jaxsys kernelspec")
     ik.add_argument("--user", action="store_true", help="install for this user")
     ik.add_argument(
@@ -356,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_run(args)
     if args.command == "cluster":
         return cmd_cluster(args)
+    if args.command == "job":
+        from .job.cli import cmd_job
+
+        return cmd_job(args)
     return cmd_install_kernel(args)
 
 

@@ -220,6 +220,20 @@ class Launcher:
                 f"it has {', '.join(sorted(known))}"
             )
 
+    @classmethod
+    def batch_job(
+        cls, program: Path, nprocs: int, out_dir: Path, options: dict[str, Any]
+    ) -> tuple[dict[str, str], list[str]]:
+        """How ``jaxsys job`` runs ``program`` as ``nprocs`` processes of one job, each
+        writing its output to ``out_dir/p{rank}.out``.
+
+        Returns
+        -------
+        tuple
+            Files to write into ``out_dir`` (name to text), and the command, run there.
+        """
+        raise NotImplementedError(f"jaxsys job cannot run a program with the {cls.name} launcher")
+
     # -- the coordinator and certificates ---------------------------------------------------
 
     def certificate_hosts(self) -> list[str] | None:

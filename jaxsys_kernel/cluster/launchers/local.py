@@ -29,6 +29,11 @@ class LocalLauncher(Launcher):
     loopback_only = True
     default_platforms = "cpu"
 
+    @classmethod
+    def batch_job(cls, program, nprocs, out_dir, options):
+        # One process per rank on this machine; one failure stops them all.
+        return {}, [sys.executable, "-m", "jaxsys_kernel.job.local", str(program), str(nprocs), "."]
+
     def _controller_kwargs(self) -> dict[str, Any]:
         return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
 

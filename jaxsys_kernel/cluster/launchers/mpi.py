@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 from ..records import ClusterStartError
@@ -27,6 +29,15 @@ class MpiLauncher(Launcher):
     def option_names(cls) -> tuple[str, set[str]]:
         owner, names = super().option_names()
         return owner + " (and hostfile)", {*names, "hostfile"}
+
+    @classmethod
+    def batch_job(cls, program, nprocs, out_dir, options):
+        # mpiexec stops every rank when one exits non-zero; JAX finds its coordinator
+        # from Open MPI's environment.
+        env = [f"{k}={v}" for k, v in cls.mpiexec_env().items()]
+        run = f"exec {shlex.quote(sys.executable)} {shlex.quote(str(program))}"
+        redirect = " > p$OMPI_COMM_WORLD_RANK.out 2>&1"
+        return {}, ["env", *env, "mpiexec", "-n", str(nprocs), "sh", "-c", run + redirect]
 
     def _mpiexec(self) -> str:
         return (self.config.launcher_options.get("mpi_cmd") or ["mpiexec"])[0]
@@ -59,7 +70,8 @@ class MpiLauncher(Launcher):
         self.check_tools()
         return super().make_ipp_cluster(profile, secure)
 
-    def mpiexec_env(self) -> dict[str, str]:
+    @staticmethod
+    def mpiexec_env() -> dict[str, str]:
         """What Open MPI needs to run here: as root it refuses without the first two, and
         it refuses more ranks than cores without oversubscription."""
         env = {"OMPI_MCA_rmaps_base_oversubscribe": "1"}

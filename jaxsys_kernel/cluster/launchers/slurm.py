@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ... import contract
-from ..allocation_slurm import SlurmAllocation, kill_steps
+from ..allocation_slurm import SlurmAllocation, batch_script, kill_steps
 from ..records import ClusterStartError
 from .base import EngineContext, Launcher
 
@@ -49,6 +52,19 @@ class SlurmLauncher(Launcher):
     @classmethod
     def option_names(cls) -> tuple[str, set[str]]:
         return f"the {cls.name} launcher", set(OPTIONS)
+
+    @classmethod
+    def batch_job(cls, program, nprocs, out_dir, options):
+        # srun stops every task when one exits non-zero; JAX finds its coordinator (the
+        # first node) from Slurm's environment.
+        script = batch_script(
+            f"jaxsys-job-{Path(program).parent.name}", nprocs, options, out_dir / "slurm-%j.out"
+        ).split("# Holds the allocation")[0]
+        script += (
+            f"srun --kill-on-bad-exit=1 --output={out_dir}/p%t.out "
+            f"{shlex.quote(sys.executable)} {shlex.quote(str(program))}\n"
+        )
+        return {"job.sbatch": script}, ["sbatch", "--wait", "--quiet", "job.sbatch"]
 
     def _controller_kwargs(self) -> dict[str, Any]:
         from .srun import SrunEngineSetLauncher

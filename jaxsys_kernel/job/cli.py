@@ -1,0 +1,69 @@
+"""``jaxsys job NOTEBOOK``: the command line of :mod:`jaxsys_kernel.job`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from .._ranges import format_procs
+from ..cluster.launchers import DEFAULT, launcher_class, launcher_names
+from .program import from_notebook, render
+from .run import run_job
+
+
+def add_parser(sub) -> None:
+    """Add ``job`` to the ``jaxsys`` command's subparsers."""
+    job = sub.add_parser(
+        "job",
+        help="turn a notebook into a multi-controller program, and run it as one job",
+    )
+    job.add_argument("notebook")
+    job.add_argument("--launcher", choices=launcher_names(), default=DEFAULT)
+    job.add_argument(
+        "--hosts", type=int, default=None, help="processes (default: the notebook's own)"
+    )
+    job.add_argument("--out", default=None, help="directory for the job (default NOTEBOOK-job/)")
+    job.add_argument("--submit", action="store_true", help="run it, and collate its output")
+    job.add_argument(
+        "--sbatch-arg", action="append", default=[], metavar="ARG", help="Slurm: sbatch option"
+    )
+    job.add_argument("--timeout", type=float, default=1800.0, help="seconds the job may take")
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """Write the program (and the launcher's job files); with ``--submit``, run it."""
+    nb = Path(args.notebook)
+    if not nb.is_file():
+        print(f"jaxsys job: no such notebook: {nb}", file=sys.stderr)
+        return 2
+    if args.hosts is not None and args.hosts < 1:
+        print("jaxsys job: --hosts must be at least 1", file=sys.stderr)
+        return 2
+    prog = from_notebook(nb, hosts=args.hosts)
+    out = Path(args.out or nb.with_name(nb.stem + "-job")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    program = out / "program.py"
+    program.write_text(render(prog, nb.name))
+    try:
+        files, command = launcher_class(args.launcher).batch_job(
+            program, prog.hosts, out, {"sbatch_args": args.sbatch_arg}
+        )
+    except NotImplementedError as e:
+        print(f"jaxsys job: {e}", file=sys.stderr)
+        return 2
+    for name, text in files.items():
+        (out / name).write_text(text)
+    print(f"jaxsys job: {program} ({len(prog.cells)} cells, {len(prog.left_out)} left out)")
+    print(f"run with: (cd {shlex.quote(str(out))} && {shlex.join(command)})")
+    if not args.submit:
+        return 0
+    result = run_job(prog, command, out, args.timeout)
+    print(result.log, end="")
+    print(f"jaxsys job: the collated output is in {out / 'job.log'}")
+    for index, ranks in result.failures.items():
+        print(f"jaxsys job: cell {index} failed on {format_procs(ranks)}", file=sys.stderr)
+    if result.exit_code and not result.failures:
+        print(f"jaxsys job: the job exited with code {result.exit_code}", file=sys.stderr)
+    return result.exit_code
