@@ -79,7 +79,10 @@ def notebook_cell_number() -> int | None:
     from IPython import get_ipython
 
     shell = get_ipython()
-    return getattr(shell, "execution_count", None) if shell is not None else None
+    count = getattr(shell, "execution_count", None) if shell is not None else None
+    # IPython counts a cell before running it (ExecutionResult.execution_count is the old
+    # value): while the cell runs, the shell's counter already names the next one.
+    return count - 1 if isinstance(count, int) else None
 
 
 class MultihostError(CellError):

@@ -230,3 +230,12 @@ def test_frames_sent_as_one_string_each_are_read_too():
     assert innermost_cell_line(tb_) == "line 6: time.sleep(30)"
     kept = hide_jax_frames(tb_)
     assert "api.py:10" not in "\n".join(kept) and "api.py:20" in "\n".join(kept)
+
+
+def test_an_error_knows_the_number_the_notebook_shows_for_its_cell():
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()
+    shell.user_ns["make"] = lambda: MultihostError(run_of({}), "x").cell_number
+    result = shell.run_cell("n = make()", store_history=True)
+    assert shell.user_ns["n"] == result.execution_count
