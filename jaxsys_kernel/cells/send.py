@@ -161,7 +161,9 @@ class Driver:
         else:
             until = step.until
             if self.watch is not None and self.watch.deadline() is not None:
-                until = self.watch.deadline() if until is None else min(until, self.watch.deadline())
+                until = (
+                    self.watch.deadline() if until is None else min(until, self.watch.deadline())
+                )
             # At least a millisecond: a timer that did not move must not spin the loop.
             wait = POLL if until is None else min(POLL, max(0.001, until - m.clock()))
             try:
@@ -196,51 +198,26 @@ def execute(
 
     Parameters
     ----------
-    cluster : jaxsys_kernel.Cluster
-        A ready cluster.
-    code : str
-        The cell's source.
-    procs : sequence of int, optional
-        Processes to run on; all when omitted.
-    timeout : float, optional
-        Seconds after which the cell is judged hung (``on_hang`` decides what follows).
-    collate : bool
-        Merge identical lines across processes.
-    all_displays : bool
-        Publish rich displays from every process, not only the first selected one.
-    window : float, optional
-        Seconds a line waits for its twins from the other processes.
-    sink : Sink, optional
-        Output destination; the current kernel's streams by default.
-    on_interrupt : callable, optional
-        Called with the ranks about to be interrupted, just before they are signalled.
-    grace : float, optional
-        Once a process has finished or failed, how long the others may keep running before
-        ``on_hang`` is asked whether the cell is hung (they may wait for it in a collective).
-    on_hang : callable, optional
-        Called with the run when it is judged hung (``run.hang``, ``run.stuck`` set);
-        returns ``"report"`` (keep waiting), ``"interrupt"`` (the default),
-        ``"restart"`` (stop waiting; the caller restarts the world) or ``"wait"`` (not a
-        hang: keep waiting until the deadline).
-    clock : callable
-        Monotonic clock.
-    hooks : dict, optional
-        Engine-side cell hooks to run around the cell, ``{name: options}`` (see
-        :mod:`jaxsys_kernel.engine.hooks`): ``thread_guard``, ``divergence``, ``profile``.
-        With ``divergence`` the processes' dispatches are compared while the cell runs.
-    known : set, optional
-        Dispatch entries seen in earlier cells (updated with this cell's); see
-        :class:`~jaxsys_kernel.cells.divergence.DivergenceCheck`.
+    cluster, code, procs
+        A ready cluster, the cell's source, and the processes to run on (all by default).
+    timeout, grace, collate, all_displays, window
+        How the run is judged and shown (see :class:`~jaxsys_kernel.cells.run.CellMachine`):
+        seconds until the cell counts as hung, seconds the others may run on once one
+        process has finished or failed, whether identical lines merge, whether every
+        process's rich displays are published, how long a line waits for its twins.
+    sink, on_interrupt, on_hang, clock
+        Where output goes (the kernel's streams by default); called with the ranks about
+        to be interrupted; asked what to do with a hung run (``"report"``, ``"interrupt"``,
+        ``"restart"`` or ``"wait"``); the monotonic clock.
+    hooks, known
+        Engine-side cell hooks, ``{name: options}`` (:mod:`jaxsys_kernel.engine.hooks`);
+        with ``divergence`` the processes' dispatches are compared while the cell runs,
+        and ``known`` (the entries of earlier cells) gains this cell's.
 
     Returns
     -------
     CellRun
-        What each process did. Errors are not raised here; see :func:`raise_for_run`.
-
-    Raises
-    ------
-    MultihostInterrupt
-        The user interrupted the cell.
+        What each process did; errors are raised by :func:`raise_for_run`, not here.
     """
     procs = list(cluster.ranks if procs is None else procs)
     machine = CellMachine(
@@ -253,16 +230,23 @@ def execute(
         all_displays=all_displays,
         window=window,
     )
-    watch = None
-    if hooks:
-        ensure_hooks(cluster, procs)
-        code = engine_hooks.wrap(code, hooks)
-    if hooks and "divergence" in hooks:
-        check = DivergenceCheck(procs, clock, known=known)
-        watch = DivergenceWatch(check, machine.sink.stderr, engine_hooks.RECORD_MIME)
+    code, watch = _with_hooks(cluster, code, procs, hooks, machine, known)
     events = send_cell(cluster, code, procs)
     try:
         return Driver(machine, events, cluster.interrupt, on_hang, on_interrupt, watch).run()
     finally:
         if watch is not None and known is not None:
             known |= watch.check.seen
+
+
+def _with_hooks(cluster, code: str, procs: list[int], hooks, machine, known):
+    """The code as sent (wrapped in the engine-side hooks asked for) and the divergence
+    watch over the run (None unless ``hooks`` has ``divergence``)."""
+    if not hooks:
+        return code, None
+    ensure_hooks(cluster, procs)
+    watch = None
+    if "divergence" in hooks:
+        check = DivergenceCheck(procs, machine.clock, known=known)
+        watch = DivergenceWatch(check, machine.sink.stderr, engine_hooks.RECORD_MIME)
+    return engine_hooks.wrap(code, hooks), watch

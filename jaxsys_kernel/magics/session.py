@@ -115,19 +115,12 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         guard.check_processes(cluster, ranks, self.still_running)
         if self.broken and not force:
             raise UsageError(hang.world_broken_message(self.broken))
-        warning = self.ledger.record(ranks, cluster.ranks, code)
-        if warning:
+        if warning := self.ledger.record(ranks, cluster.ranks, code):
             print(warning, file=sys.stderr)
         policy = hang.HangPolicy(
             on_hang, cluster.dump_stacks, timeout=timeout, grace=grace, code=code
         )
-        hooks = {}
-        if self.thread_guard if thread_guard is None else thread_guard:
-            hooks["thread_guard"] = {}
-        if self.divergence if check is None else check:
-            hooks["divergence"] = {}
-        if profile:
-            hooks["profile"] = {}
+        hooks = self._hooks(thread_guard, check, profile)
         sink = cells.Sink(on_summary=self._remember_summary)
         try:
             run = cells.execute(
@@ -150,6 +143,16 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             timeline.show(timeline.collect(cluster, ranks, time.strftime("cell-%H%M%S")))
         self._after_run(run)
         return cells.cell_result(run, sink)
+
+    def _hooks(self, thread_guard: bool | None, check: bool | None, profile: bool) -> dict:
+        """The engine-side hooks a cell runs under: the session's defaults unless the
+        cell's options say otherwise."""
+        wanted = {
+            "thread_guard": self.thread_guard if thread_guard is None else thread_guard,
+            "divergence": self.divergence if check is None else check,
+            "profile": profile,
+        }
+        return {name: {} for name, on in wanted.items() if on}
 
     def _after_run(self, run: cells.CellRun) -> None:
         """Restart the world if the hang doctor chose to, remember who is still busy, and
