@@ -18,6 +18,7 @@ from IPython.display import publish_display_data
 from .. import contract
 from ..cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
 from ..cluster.launchers import launcher_names
+from ..telemetry.memory import format_bytes, memory_line
 from . import actions_help
 from .actions_args import did_you_mean, env_pairs, rank, seconds, split
 from .actions_cache import cache
@@ -28,13 +29,12 @@ from .actions_jobs import attach, job_line, launcher_options, scheduler_argument
 from .actions_logs import logs
 from .actions_profile import profile
 from .boundary import usage_errors
+from .explain import explain
 from .health import health
 
 
 def format_status(rows: list[dict]) -> str:
     """Render ``Cluster.status()`` rows as an aligned text table."""
-    from ..telemetry.memory import format_bytes, memory_line
-
     header = ["process", "engine", "pid", "host", "devices", "state", "memory"]
     body = [
         [
@@ -188,7 +188,6 @@ def start(session, args: argparse.Namespace) -> None:
     )
     session.thread_guard = args.thread_guard
     if args.explain:
-        from .explain import explain
 
         cluster = session.require_cluster()
         print(explain(cluster.processes, cluster.security))

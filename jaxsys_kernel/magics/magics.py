@@ -26,7 +26,7 @@ from .._ranges import format_procs
 from ..cells import MultihostError, MultihostInterrupt
 from . import actions
 from .actions import JAXSYS_ACTIONS, format_status
-from .actions_args import bounded, expand, parse, seconds, split
+from .actions_args import bounded, expand, parse, rank, seconds, split
 from .actions_args import env_pairs as _env_pairs
 from .session import MultihostSession
 
@@ -256,7 +256,15 @@ class JaxSysMagics(Magics):
 
     @magic_arguments()
     @argument("name", help="the variable to bring into the kernel")
-    @argument("--proc", type=int, default=0, help="the process to take the value from (default 0)")
+    @argument(
+        "--procs",
+        "--proc",
+        dest="proc",
+        type=rank,
+        default=0,
+        metavar="P",
+        help="the process to take the value from (default 0); --proc is the older name",
+    )
     @no_var_expand
     @line_magic
     def pull(self, line: str = ""):
@@ -271,7 +279,7 @@ class JaxSysMagics(Magics):
         ::
 
             %pull x              # x from process 0, as numpy
-            %pull losses --proc 2
+            %pull losses --procs 2
         """
         args = parse(self.pull.parser, split(self._line(line, "%pull", expand_vars=False)), "%pull")
         value = self.session.pull(args.name, args.proc)
