@@ -72,6 +72,23 @@ def pytest_runtest_teardown(item, nextitem):
     return (yield from _guarded(item))
 
 
+@pytest.fixture(scope="session")
+def ipython_shell():
+    """IPython's test shell, one for the whole run."""
+    from IPython.testing import globalipapp
+
+    return globalipapp.start_ipython() or globalipapp.get_ipython()  # None once started
+
+
+@pytest.fixture(autouse=True)
+def _ipython_shell_first_in_unit_tests(request):
+    """The shell is a process-wide singleton: once a plain ``InteractiveShell.instance()``
+    exists, IPython's test shell can no longer start. Starting the test shell first makes
+    both spellings give the same shell, whichever unit test runs first."""
+    if request.node.get_closest_marker("unit") is not None:
+        request.getfixturevalue("ipython_shell")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_home(tmp_path_factory):
     """Every cluster the suite starts uses a compilation cache of the run's own, empty at the
