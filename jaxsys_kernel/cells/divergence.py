@@ -47,6 +47,7 @@ class _Process:
     entries: dict[tuple, list[dict]] = field(default_factory=dict)
     where: dict | None = None
     finished: bool = False
+    failed: bool = False
 
 
 @dataclass
@@ -119,10 +120,15 @@ class DivergenceCheck:
         self._first.setdefault(group, {}).setdefault(len(seq), self.clock())
         seq.append({**record, "_at": self.clock()})
 
-    def finished(self, rank: int) -> None:
-        """Process ``rank`` finished the cell (or failed, or died)."""
+    def finished(self, rank: int, failed: bool = False) -> None:
+        """Process ``rank`` finished the cell; ``failed`` if it raised or died.
+
+        A process that failed is the hang doctor's to explain ("p1 failed and p0 kept
+        running"), so it is never said to have skipped what it did not reach.
+        """
         if rank in self.procs:
             self.procs[rank].finished = True
+            self.procs[rank].failed = failed
 
     # -- judging --------------------------------------------------------------------------
 
@@ -166,6 +172,8 @@ class DivergenceCheck:
             if not missing:
                 continue
             entry, ran = next(iter(have.values())), sorted(have)
+            if any(self.procs[r].failed for r in missing):
+                return None
             done = [r for r in missing if self.procs[r].finished]
             if done and all(self.procs[r].finished for r in group):
                 # Nobody waited, so it was no collective they missed: most likely a
@@ -273,11 +281,11 @@ class DivergenceWatch:
         self.check.feed(rank, record)
         return True
 
-    def tick(self, running: set[int]) -> None:
-        """Tell the check who has finished, and show a new finding."""
+    def tick(self, running: set[int], failed: Sequence[int] = ()) -> None:
+        """Tell the check who has finished (and who of them failed); show a new finding."""
         for r in self.check.ranks:
             if r not in running and not self.check.procs[r].finished:
-                self.check.finished(r)
+                self.check.finished(r, failed=r in failed)
         found = self.check.poll()
         if found is not None and self.told is None:
             self.told = found

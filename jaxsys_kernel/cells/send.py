@@ -173,7 +173,7 @@ class Driver:
             if event is not None and not (self.watch and self.watch.intercept(*event)):
                 m.feed(*event)
             if self.watch is not None:
-                self.watch.tick(m.running)
+                self.watch.tick(m.running, m.run.failed())
         return False
 
 

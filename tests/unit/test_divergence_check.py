@@ -215,3 +215,12 @@ def test_late_reporters_join_their_group_before_the_sentence():
     check.feed(1, dispatch("f"))
     clock.now += check.settle
     assert check.poll().message.startswith("p2 ran g(f32[8]) at line 4 where p0-1,3 ran f(f32[8])")
+
+
+def test_a_process_that_failed_is_left_to_the_hang_doctor():
+    check, clock = make()
+    for r in (0, 1, 3):
+        check.feed(r, dispatch())
+    check.finished(2, failed=True)
+    clock.now += 5
+    assert check.poll() is None
