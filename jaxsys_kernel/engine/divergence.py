@@ -137,15 +137,21 @@ class Recorder:
         if not (isinstance(record.msg, str) and record.msg.startswith(_BEGIN)):
             return True
         if self.active:
-            frame = sys._getframe(1)
-            while frame is not None and frame.f_code.co_name != _LOGGING_FRAME:
-                frame = frame.f_back
-            entry = describe(frame) if frame is not None else None
-            if entry is not None:
-                entry["seq"] = self.seq
-                self.seq += 1
-                self.publish(entry)
+            try:
+                self._record(sys._getframe(1))
+            except Exception as e:  # noqa: BLE001 - the check must never fail the user's dispatch
+                self.active = False
+                print(f"jaxsys: the divergence check stopped for this cell: {e!r}", file=sys.stderr)
         return not self.ours
+
+    def _record(self, frame) -> None:
+        while frame is not None and frame.f_code.co_name != _LOGGING_FRAME:
+            frame = frame.f_back
+        entry = describe(frame) if frame is not None else None
+        if entry is not None:
+            entry["seq"] = self.seq
+            self.seq += 1
+            self.publish(entry)
 
     def start(self) -> None:
         """Begin a cell: turn on JAX's dispatch records and the position sampler."""
