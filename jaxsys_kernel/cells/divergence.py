@@ -222,9 +222,7 @@ class DivergenceCheck:
         if not all_done and self.clock() - since < self.settle:
             return
         # Grouped now, not when the difference appeared: late reporters join their group.
-        have = {
-            r: seq[k] for r in group if len(seq := self.procs[r].entries.get(group, [])) > k
-        }
+        have = {r: seq[k] for r in group if len(seq := self.procs[r].entries.get(group, [])) > k}
         by_key: dict[tuple, list[int]] = {}
         for r, e in have.items():
             by_key.setdefault(entry_key(e), []).append(r)
@@ -249,8 +247,6 @@ class DivergenceCheck:
     def _found(self, kind: str, message: str, ranks: Sequence[int]) -> Finding:
         self.finding = Finding(kind, message, self.clock(), tuple(ranks))
         return self.finding
-
-
 
 
 class DivergenceWatch:

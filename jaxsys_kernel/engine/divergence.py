@@ -197,13 +197,16 @@ class Recorder:
         clock = _thread_clock(self.thread)
         last, used = None, clock()
         while not self._stop.wait(SAMPLE):
-            now_used = clock()
-            share = (now_used - used) / SAMPLE if now_used is not None and used is not None else 1.0
-            used = now_used
-            rec = self.where(share)
-            if rec != last:
-                last = rec
-                self.publish({**rec, "t": time.time()})
+            now = clock()
+            share = (now - used) / SAMPLE if now is not None and used is not None else 1.0
+            used = now
+            try:
+                rec = self.where(share)
+                if rec != last:
+                    last = rec
+                    self.publish({**rec, "t": time.time()})
+            except Exception:  # noqa: BLE001 - a failed look must not print into the cell
+                return
 
 
 def _thread_clock(thread: threading.Thread):

@@ -221,4 +221,16 @@ def installed() -> bool:
     return _installed
 
 
-__all__ = ["MARKER", "RECORD_MIME", "Hook", "arm_next", "begin", "end", "install", "parse", "register", "registered", "wrap"]
+__all__ = [
+    "MARKER",
+    "RECORD_MIME",
+    "Hook",
+    "arm_next",
+    "begin",
+    "end",
+    "install",
+    "parse",
+    "register",
+    "registered",
+    "wrap",
+]

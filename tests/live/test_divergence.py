@@ -105,7 +105,10 @@ print(float(total))
     r, sink = run(cluster, code, timeout=20)
     sentence = timely(sink)
     line = first_line(code, "jax.jit(jnp.sum)")
-    assert f"p1 ran sum(f32[12,4]) at line {line} where p0,2-3 ran sum(f32[8,4]) at line {line}" in sentence
+    assert (
+        f"p1 ran sum(f32[12,4]) at line {line} where p0,2-3 ran sum(f32[8,4]) at line {line}"
+        in sentence
+    )
     assert sentence.rstrip().endswith(
         ("the result is not what either computed", "these processes will wait for each other")
     )
@@ -193,3 +196,25 @@ for _ in range(3):
     assert not r.failed(), r.results
     assert not any(s.startswith("jaxsys:") for _, s in sink.err), sink.err
     assert "".join(sink.out).count("64.0") >= 1
+
+
+def test_the_thread_guard_rides_on_the_cells_own_request(cluster):
+    code = """\
+import threading
+def from_a_thread(v):
+    return jnp.sum(v)
+x = global_rows(2)
+worker = threading.Thread(target=lambda: jax.jit(from_a_thread)(x), name="side")
+worker.start()
+worker.join()
+"""
+    sink = Capture()
+    r = executor.execute(
+        cluster, SETUP + code, sink=sink, timeout=30, hooks={"thread_guard": {}, "divergence": {}}
+    )
+    for rank, p in r.results.items():
+        assert p.error is not None and p.error["ename"] == "ThreadGuardError", (rank, p.error)
+        assert "in thread 'side'" in p.error["evalue"]
+    # The guard was for that cell only.
+    r, sink = run(cluster, "print(float(jax.jit(lambda v: jnp.sum(v))(global_rows(2))))")
+    assert not r.failed(), r.results
