@@ -1,0 +1,55 @@
+"""The engine side of the divergence check, without JAX: frames, lines, the logger filter."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from jaxsys_kernel.engine import divergence
+
+
+def frame(filename, lineno, back=None, name="f", f_locals=None):
+    code = SimpleNamespace(co_filename=filename, co_name=name)
+    return SimpleNamespace(f_code=code, f_lineno=lineno, f_back=back, f_locals=f_locals or {})
+
+
+def test_the_users_line_is_the_innermost_cell_frame():
+    cell = frame("/tmp/ipykernel_12/3456.py", 7)
+    helper = frame("/tmp/ipykernel_12/3456.py", 3, back=cell)
+    jax_frame = frame("/site-packages/jax/_src/pjit.py", 1100, back=helper)
+    assert divergence.user_line(jax_frame) == 3
+    assert divergence.user_line(frame("/lib/x.py", 1)) is None
+    assert divergence.user_line(frame("<ipython-input-4-abc>", 2)) == 2
+
+
+def test_records_that_are_not_jaxs_dispatch_pass_untouched():
+    rec = divergence.Recorder(publish=lambda r: None)
+    plain = logging.LogRecord("jax._src.util", logging.WARNING, "x", 1, "other", (), None)
+    assert rec.filter(plain)
+
+
+def test_jaxs_dispatch_record_is_kept_out_of_the_cell_when_the_check_turned_it_on():
+    seen = []
+    rec = divergence.Recorder(publish=seen.append)
+    rec.ours = True
+    msg = "\nDISTRIBUTED_DEBUG_BEGIN\nRunning pjit'd function: f\nDISTRIBUTED_DEBUG_END"
+    record = logging.LogRecord("jax._src.util", logging.WARNING, "x", 1, msg, (), None)
+    assert rec.filter(record) is False  # not active: nothing recorded, still hidden
+    assert seen == []
+    rec.ours = False
+    assert rec.filter(record) is True  # the user asked for these records: they stay
+
+
+def test_a_failure_while_recording_stops_the_check_not_the_dispatch(capsys, monkeypatch):
+    rec = divergence.Recorder(publish=lambda r: None)
+    rec.active = True
+
+    def broken(_frame):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rec, "_record", broken)
+    msg = "\nDISTRIBUTED_DEBUG_BEGIN\nx\nDISTRIBUTED_DEBUG_END"
+    record = logging.LogRecord("jax._src.util", logging.WARNING, "x", 1, msg, (), None)
+    assert rec.filter(record) is True
+    assert rec.active is False
+    assert "the divergence check stopped for this cell" in capsys.readouterr().err
