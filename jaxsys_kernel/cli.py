@@ -1,4 +1,4 @@
-"""The ``jaxsys`` command: lab, run NOTEBOOK, cluster start|stop|status, install-kernel."""
+"""The ``jaxsys`` command: lab, run NOTEBOOK, job NOTEBOOK, cluster start|stop|status, install-kernel."""
 
 from __future__ import annotations
 
