@@ -55,11 +55,14 @@ def _run(tmp_path):
     out.parent.mkdir()
     write_notebook(src, CELLS)
     t0 = time.monotonic()
+    # Run from the notebook's folder: jaxsys run's kernel sockets are named relative to the
+    # working directory, and the kernel starts in the notebook's folder.
     r = subprocess.run(
-        [sys.executable, "-m", "jaxsys_kernel.cli", "run", str(src), "--output", str(out)],
+        [sys.executable, "-m", "jaxsys_kernel.cli", "run", src.name, "--output", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=src.parent,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     print(f"jaxsys run --output: {time.monotonic() - t0:.1f} s")
