@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from IPython.testing import globalipapp
 
 from .harness import TAG_VAR, kernel_with_cluster, new_tag, wait_no_processes
 from .process_guard import NoProcesses
@@ -75,8 +76,6 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.fixture(scope="session")
 def ipython_shell():
     """IPython's test shell, one for the whole run."""
-    from IPython.testing import globalipapp
-
     return globalipapp.start_ipython() or globalipapp.get_ipython()  # None once started
 
 
