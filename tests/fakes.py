@@ -143,7 +143,9 @@ class FakeSession(Fake, real=MultihostSession):
     def __init__(self):
         super().__init__()
         self.spmd = False
-        self.cluster = SimpleNamespace(nprocs=2, security="mTLS (test)", pki=None, state="ready")
+        self.cluster = SimpleNamespace(
+            nprocs=2, security="mTLS (test)", pki=None, state="ready", job=lambda: None
+        )
 
     def kill_message(self, rank, signal_name, took):
         return f"killed p{rank} with {signal_name}"
