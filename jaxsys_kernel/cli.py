@@ -105,15 +105,11 @@ def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: fl
     """
     import nbformat
     from nbclient import NotebookClient
-    from traitlets.config import Config
 
     _ensure_kernelspec()
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb,
-        # The kernel and this process share the machine: Unix sockets, not plain TCP,
-        # carry the notebook's code and outputs between them.
-        config=Config({"KernelManager": {"transport": "ipc"}}),
         kernel_name="jaxsys",
         timeout=timeout,
         resources={"metadata": {"path": str(Path(path).resolve().parent)}},
