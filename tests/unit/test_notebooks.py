@@ -24,6 +24,13 @@ EXPLAINED = {
         ("these processes are out of step", "same-program guard"),
         ("jaxsys: interrupting", "sent the three an interrupt"),
     ],
+    "03b-deaths-recoverability-cannot-absorb.ipynb": [
+        ("jaxsys: restarting the JAX world", "replaces the whole world"),
+    ],
+    "09-divergence-and-timelines.ipynb": [
+        ("the result is not what either computed", "the result is not what either computed"),
+        ("these processes will wait for each other", "that they wait for each other"),
+    ],
 }
 
 
