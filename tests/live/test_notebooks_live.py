@@ -105,6 +105,14 @@ EXPECTED = {
         # a training loop that recompiles
         "learned w: [ 2.  -1.   0.5  3. ]",
     ],
+    "03b-deaths-recoverability-cannot-absorb.ipynb": [
+        "[p0-2] sum over all three processes: 12.0",
+        # one survivor hears from gloo, the other waits in the collective
+        "Connection closed by peer",
+        "still running: p0",
+        # process 0's death takes the others with it, recoverability on
+        "{0: 'dead', 1: 'dead', 2: 'dead'}",
+    ],
     "05b-shape-polymorphism.ipynb": [
         "reshape (b, 6) -> (-1, 2): float32[3*b,2]",
         "10 x the length of a 7-vector: 70",
@@ -118,10 +126,11 @@ EXPECTED = {
     ],
     "07-transfer-guard.ipynb": [
         # a refusal per process, naming its own device
-        "host-to-device transfer of shape (8), dtype float32, from host memory to device cpu:0",
-        "to device cpu:2048 disallowed on process 1",
+        "host-to-device transfer of shape (8), dtype float32, from host memory to device cpu:",
+        # identical refusals are shown once, the values that differ listed per process
+        "cpu: 0 on p0, 2048 on p1",
         # a sharded read is gathered through the first device, which JAX names
-        "device-to-host transfer of shape (8), dtype float32, from device cpu:0 to host memory",
+        "device-to-host transfer of shape (8), dtype float32, from device cpu:",
         "[p0-1] read back under disallow: 28.0 | as NumPy: [0.0, 1.0, 2.0]",
         "guard_lib.cc:154] host-to-device transfer: aval=ShapedArray(float32[8])",
         "[p0-1] transfer guard h2d=log d2h=log d2d=log; logged transfers: 6 h2d, 0 d2h, 0 d2d",
@@ -138,7 +147,7 @@ EXPECTED = {
         "one-device sum in the worker: 6.0",
         "the loop only queued work: True",
         "sync_global_devices name mismatch ('after-step-",
-        "on process 1 in thread 'stage-2-worker'",
+        "in thread 'stage-2-worker'",
         "[p0-1] sums computed on the cell's thread: [0.0, 4.0, 8.0]",
         "[p1] proposed: 1001 | agreed: 1000",
         "stacked (3,) -> (2, 3) [[0, 0, 0], [1, 1, 1]] | tiled scalar -> (2,)",
