@@ -1,0 +1,85 @@
+"""A cluster in one Open MPI job (``mpiexec``): ranks come from MPI's environment, and
+stopping the cluster leaves no MPI process behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import time
+
+import psutil
+import pytest
+
+from jaxsys_kernel import Cluster
+from jaxsys_kernel.cluster.teardown import launcher_pids
+
+from ..harness import run_on
+
+RANKS_CELL = """
+import os, jax
+print('mpi rank is process index:',
+      os.environ['OMPI_COMM_WORLD_RANK'] == str(jax.process_index()),
+      'of', os.environ['OMPI_COMM_WORLD_SIZE'], jax.process_count())
+"""
+SUM_CELL = """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((jax.device_count(),), ('x',))
+local = np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float32)
+arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P('x')), local)
+print('total', float(jax.jit(lambda a: a.sum())(arr)))
+"""
+
+
+@pytest.fixture(scope="module")
+def mpi():
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec not found: apt-get install openmpi-bin")
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py not installed: pip install 'jaxsys[mpi]'")
+
+
+def _family(pids: list[int]) -> list[psutil.Process]:
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def _only_line(out: str) -> str:
+    lines = {line.split("] ", 1)[1] for line in out.splitlines()}
+    assert len(lines) == 1, out
+    return lines.pop()
+
+
+def test_an_mpi_cluster_takes_ranks_from_mpi_and_leaves_nothing(mpi):
+    c = Cluster(hosts=3, devices_per_host=1, launcher="mpi", env={"JAX_PLATFORMS": "cpu"},
+                progress=lambda e: None)  # fmt: skip
+    try:
+        c.start_sync()
+        assert _only_line(run_on(c, RANKS_CELL)) == "mpi rank is process index: True of 3 3"
+        assert _only_line(run_on(c, SUM_CELL)) == "total 6.0"
+        # One mpiexec runs every rank.
+        (es,) = {id(c._launcher.engine_set(r)): c._launcher.engine_set(r) for r in c.ranks}.values()
+        family = _family(launcher_pids(es))
+        assert sum("mpiexec" in " ".join(p.cmdline()) for p in family) == 1
+        # ... and every process of the cluster is one of mpiexec's descendants.
+        assert {p["pid"] for p in c.status()} <= {p.pid for p in family}
+    finally:
+        took = c.kill()
+    deadline = time.monotonic() + 10
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family):
+        assert time.monotonic() < deadline, "MPI processes survived the stop"
+        time.sleep(0.05)
+    assert took < 10
+
+
+def test_a_missing_hostfile_fails_before_anything_starts(mpi, tmp_path):
+    c = Cluster(hosts=2, launcher="mpi", launcher_options={"hostfile": str(tmp_path / "nope")})
+    with pytest.raises(Exception, match="hostfile .*nope does not exist"):
+        c.start_sync()
+    assert c.state == "stopped" and c._ipp is None
