@@ -111,7 +111,9 @@ def mesh_picture(info: dict) -> Canvas:
     """
     rows, cols, labels = _panels(info)
     per_row = max(1, min(len(labels), MAX_W // (cols * 8 + 12)))
-    cell = max(2, min(CELL, (MAX_W // per_row - 12) // cols))
+    # Wide enough for the longest device label (ids of later processes run to thousands).
+    label_w = max(text_width(f"d{d}") for d in info["devices"]) + 8
+    cell = max(2, min(max(CELL, label_w), (MAX_W // per_row - 12) // cols))
     panel_w, label_h = cols * cell + 12, LINE_H if len(labels) > 1 else 0
     panel_h = rows * cell + label_h + 8
     n_rows = -(-len(labels) // per_row)
@@ -182,9 +184,14 @@ def sharding_caption(info: dict, dims=(0, 1)) -> list[str]:
     return [title, f"{blocks} · {held}", what]
 
 
-def plot_size(rows_blocks: int, cols_blocks: int, rows_n, cols_n: int) -> tuple[int, int]:
-    """The grid's size: what its blocks need, as ``plotSize`` in ``static/sharding.js``."""
-    w = max(120, min(cols_blocks * BLOCK_W, MAX_W))
+def plot_size(
+    rows_blocks: int, cols_blocks: int, rows_n, cols_n: int, block_w: int = BLOCK_W
+) -> tuple[int, int]:
+    """The grid's size: what its blocks need, as ``plotSize`` in ``static/sharding.js``.
+
+    ``block_w`` widens the blocks for long device labels (real device ids run to thousands).
+    """
+    w = max(120, min(cols_blocks * max(block_w, BLOCK_W), MAX_W))
     if rows_n is None:
         return w, BLOCK_H
     wanted = w * rows_n / cols_n
@@ -215,8 +222,12 @@ def sharding_picture(info: dict, dims=(0, 1)) -> Canvas:
     r, c = drawn_dims(len(shape), dims)
     row_edges = info["edges"][r] if r is not None else [0, 1]
     col_edges = info["edges"][c] if c is not None else [0, 1]
+    shown = [b for b in info["blocks"] if not any(
+        b["cell"][d] for d in range(len(b["cell"])) if d not in (r, c))]  # fmt: skip
+    label_w = max((text_width(_device_label(b)) for b in shown[:256]), default=0) + 10
     w, h = plot_size(len(row_edges) - 1, len(col_edges) - 1,
-                     None if r is None else shape[r] or 1, shape[c] or 1 if c is not None else 1)  # fmt: skip
+                     None if r is None else shape[r] or 1, shape[c] or 1 if c is not None else 1,
+                     label_w)  # fmt: skip
     canvas, top = _canvas(sharding_caption(info, dims), w, h, True)
 
     def at(edges: list[int], v: int, size: int) -> float:

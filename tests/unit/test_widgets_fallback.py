@@ -15,7 +15,7 @@ from jaxsys_kernel.engine.simulate import FakeNamedSharding
 from jaxsys_kernel.engine.summaries import fake_devices, fake_mesh, mesh_info, sharding_info
 from jaxsys_kernel.widgets import CacheView, Dashboard, LiveDevicesView, MeshView, ShardingView
 from jaxsys_kernel.widgets.pictures import mesh_caption, sharding_caption
-from jaxsys_kernel.widgets.raster import rgb
+from jaxsys_kernel.widgets.raster import rgb, text_width
 
 
 def bundle(view) -> dict:
@@ -168,3 +168,21 @@ def test_dashboard_carries_all_four_parts_in_one_picture():
     assert (
         data["text/plain"].startswith("Mesh(x=4, y=2)") and "<empty sharding>" in data["text/plain"]
     )
+
+
+def test_real_device_ids_in_the_thousands_widen_cells_and_blocks_to_fit_their_labels():
+    # On CPU, JAX numbers process 1's devices from 2048: the labels must not be cut.
+    info = mesh_info(fake_mesh(fake_devices(4, 2), (2, 2), ("x", "y")))
+    info["devices"] = [0, 1, 2048, 2049]
+    pixels = decode_png(bundle(MeshView(info))["image/png"])
+    cell = text_width("d2049") + 8
+    assert colour_count(pixels, process_colour(1)) >= 2 * (cell - 1) ** 2 * 0.8, pixels.shape
+    s = sharding_info((FakeNamedSharding(mesh(), ("x", None)), (8, 6)), dtype="float32")
+    for b in s["blocks"]:
+        b["holders"] = [[h[0] + 2048, h[1]] for h in b["holders"]]
+    pixels = decode_png(bundle(ShardingView(s))["image/png"])
+    block_w = text_width("d2048-2049") + 10
+    # Each row of blocks is as wide as its label needs (not the 120 px a short label gets).
+    for p in range(4):
+        columns = np.nonzero(np.all(pixels == np.array(rgb(process_colour(p)), np.uint8), -1))[1]
+        assert columns.max() - columns.min() + 2 >= block_w, (p, columns.min(), columns.max())
