@@ -173,6 +173,16 @@ class SlurmHosts:
                 f"slurmd-{name}.out",
             )  # fmt: skip
         self._wait(self._all_idle, f"{self.n} idle Slurm nodes")
+        # A node can be listed idle before its slurmd answers; the first job on it then
+        # fails. One step on every node proves they all run jobs.
+        r = subprocess.run(
+            ["srun", f"--nodes={self.n}", "--ntasks-per-node=1", "true"],
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT * 2,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"a first job failed: {r.stderr.strip()}; logs in {d}/log")
 
     def _all_idle(self) -> bool:
         r = subprocess.run(
@@ -223,6 +233,13 @@ class SlurmHosts:
                     continue
                 pids.append(pid)
         return pids
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of every daemon's log, for a failing test's report."""
+        parts = []
+        for path in sorted((self.dir / "log").glob("*.log")):
+            parts.append(f"== {path.name}\n" + "".join(path.read_text().splitlines(True)[-lines:]))
+        return "\n".join(parts)
 
     def close(self) -> None:
         """Cancel every job, stop the daemons, remove the namespaces and the directory."""

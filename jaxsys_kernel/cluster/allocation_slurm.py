@@ -167,6 +167,16 @@ class SlurmAllocation(Allocation):
             return JobStatus(JobState.GONE, "slurmctld no longer knows the job")
         return JobStatus(JobState.from_slurm(fields["JobState"]), fields.get("Reason", ""))
 
+    def output_tail(self, lines: int = 15) -> str:
+        """The last lines the job's batch script printed ("" when there are none)."""
+        if self.script_dir is None or self.job_id is None:
+            return ""
+        try:
+            text = (self.script_dir / "log" / f"slurm-{self.job_id}.out").read_text()
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
     def cancel(self) -> None:
         """Kill every process of the job at once, then end the job."""
         if self.job_id is None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import contract
+from ..allocation import AllocationEndedError
 from ..allocation_slurm import SlurmAllocation, batch_script, kill_steps
 from ..records import ClusterStartError
 from .base import EngineContext, Launcher
@@ -87,7 +88,13 @@ class SlurmLauncher(Launcher):
                 job_id=opts.get("job_id"),
             )
             self.allocation.submit()
-        return self.allocation.wait_running(report, timeout=opts.get("queue_timeout"))
+        try:
+            return self.allocation.wait_running(report, timeout=opts.get("queue_timeout"))
+        except AllocationEndedError as e:
+            tail = self.allocation.output_tail()
+            if tail:
+                raise AllocationEndedError(f"{e}; its output ends with:\n{tail}") from None
+            raise
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
         await asyncio.to_thread(self._acquire, ctx, report)

@@ -1,0 +1,182 @@
+"""Clusters in a real Slurm job: a private slurmctld here and one slurmd in each of three
+network-namespace hosts (tests/slurm.py), so process i runs on host i and the job's
+state, reason and end are Slurm's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jaxsys_kernel import Cluster
+
+from .. import slurm
+from ..harness import run_on
+
+SUM_CELL = """
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((jax.device_count(),), ('x',))
+local = np.full((jax.local_device_count(),), jax.process_index() + 1.0, np.float32)
+arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P('x')), local)
+print('total', float(jax.jit(lambda a: a.sum())(arr)), 'devices', jax.device_count())
+"""
+# Seconds allowed from a stop (or a death) to an empty queue and no process on the hosts.
+DRAIN_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    reason = slurm.available()
+    if reason:
+        pytest.skip(f"no private Slurm here: {reason}")
+    with slurm.SlurmHosts(3) as s:
+        yield s
+
+
+def _cluster(progress=None, *sbatch_args: str) -> Cluster:
+    return Cluster(
+        hosts=3,
+        devices_per_host=1,
+        launcher="slurm",
+        env={"JAX_PLATFORMS": "cpu"},
+        launcher_options={"sbatch_args": ["--ntasks-per-node=1", *sbatch_args]},
+        progress=progress or (lambda e: None),
+    )
+
+
+def _wait(condition, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{what} not within {timeout:g} s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def _drained(hosts) -> float:
+    """Seconds until the queue is empty and no job process is left on any host."""
+    took = hosts.wait_queue_empty(DRAIN_S)
+    return took + _wait(lambda: hosts.namespace_pids() == [], DRAIN_S, "no process on the hosts")
+
+
+def _only_line(out: str) -> str:
+    lines = {line.split("] ", 1)[1] for line in out.splitlines()}
+    assert len(lines) == 1, out
+    return lines.pop()
+
+
+def test_a_slurm_cluster_spans_the_hosts_and_leaves_nothing(hosts):
+    events = []
+    c = _cluster(events.append)
+    try:
+        try:
+            c.start_sync()
+        except Exception as e:
+            raise AssertionError(f"{e}\n{hosts.log_tail()}") from e
+        job = c.job()
+        assert job["nodes"] == hosts.node_names
+        assert job["state"] == f"running on {','.join(hosts.node_names)}"
+        # Process i runs on host i, and process 0's node serves the coordinator.
+        assert [p["host"] for p in c.status()] == hosts.node_names
+        assert [p["address"] for p in c.status()] == hosts.hosts.host_addresses
+        assert c.coordinator_address.startswith(hosts.hosts.host_addresses[0] + ":")
+        assert _only_line(run_on(c, SUM_CELL)) == "total 6.0 devices 3"
+        # The batch script is in the cluster's profile, never in the working directory.
+        assert (c.world.profile / "jaxsys-allocation.sbatch").is_file()
+        assert not os.path.exists("jaxsys-allocation.sbatch")
+        assert [q.split()[0] for q in hosts.queue()] == [job["job_id"]]
+        # A world restart runs new engines in the same job: nothing is queued again.
+        c.restart_sync()
+        assert c.job()["job_id"] == job["job_id"]
+        assert _only_line(run_on(c, SUM_CELL)) == "total 6.0 devices 3"
+    finally:
+        c.kill()
+    assert _drained(hosts) < DRAIN_S
+
+
+def test_a_held_job_shows_its_reason_then_runs(hosts):
+    events = []
+    c = _cluster(events.append, "--hold")
+    failure = []
+
+    def start():
+        try:
+            c.start_sync()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            failure.append(e)
+
+    t = threading.Thread(target=start)
+    t.start()
+    try:
+        # Held by its owner (JobHeldUser), or by an administrator when that is root.
+        _wait(lambda: any("pending (JobHeld" in e.stage for e in events), 30, "held")
+        job_id = c.job()["job_id"]
+        # The registration clock has not started: hold it for longer than a poll or two.
+        subprocess.run(["scontrol", "release", job_id], check=True, timeout=10)
+        t.join(120)
+        assert not failure, failure
+        stages = [e.stage for e in events]
+        held = next(
+            i for i, s in enumerate(stages) if s.startswith(f"Slurm job {job_id} pending (JobHeld")
+        )
+        running = next(
+            i for i, s in enumerate(stages) if s.startswith(f"Slurm job {job_id} running")
+        )
+        assert held < running < stages.index("engines registered")
+        assert c.state == "ready"
+    finally:
+        t.join(120)
+        c.kill()
+    _drained(hosts)
+
+
+def test_a_job_cancelled_from_outside_is_reported(hosts):
+    c = _cluster()
+    try:
+        c.start_sync()
+        job_id = c.job()["job_id"]
+        subprocess.run(["scancel", job_id], check=True, timeout=10)
+        _wait(
+            lambda: all(p["state"] == "dead" for p in c.status()),
+            DRAIN_S,
+            "every process dead",
+        )
+        assert f"Slurm job {job_id} ended: " in c.processes[0].died
+        assert c.job()["state"].startswith(("cancelled", "completing", "gone"))
+    finally:
+        c.kill()
+    _drained(hosts)
+
+
+def test_the_job_goes_when_its_owner_dies(hosts, tmp_path):
+    # A process that owns a Slurm cluster (here `jaxsys cluster start`, as a kernel does)
+    # is killed without any teardown: its watchdog cancels the job.
+    env = {**os.environ, "JAXSYS_STATE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "jaxsys_kernel.cli", "cluster", "start", "--foreground",
+         "--launcher", "slurm", "--hosts", "3", "--devices-per-host", "1", "--name", "dies"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    state_file = tmp_path / "dies.json"
+    try:
+
+        def ready() -> bool:
+            assert owner.poll() is None, "jaxsys cluster start exited"
+            try:
+                return json.loads(state_file.read_text()).get("state") == "ready"
+            except (OSError, ValueError):
+                return False
+
+        _wait(ready, 120, "the cluster ready")
+        assert len(hosts.queue()) == 1
+    finally:
+        os.killpg(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+    assert _drained(hosts) < DRAIN_S
