@@ -81,6 +81,17 @@ def cmd_lab(args: argparse.Namespace, extra: list[str]) -> int:
 # -- run NOTEBOOK --------------------------------------------------------------------------------
 
 
+def _ipc_prefix() -> str:
+    """A fresh, absolute path prefix for a kernel's sockets, in Jupyter's runtime folder."""
+    import uuid
+
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    folder = Path(jupyter_runtime_dir())
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder / f"jaxsys-run-{uuid.uuid4().hex[:12]}")
+
+
 def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: float = 600.0):
     """Execute a notebook headless with the jaxsys kernel.
 
@@ -105,11 +116,16 @@ def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: fl
     """
     import nbformat
     from nbclient import NotebookClient
+    from traitlets.config import Config
 
     _ensure_kernelspec()
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb,
+        # The kernel and this process share the machine: Unix sockets, not plain TCP,
+        # carry the notebook's code and outputs between them. Their path is absolute: the
+        # kernel runs in the notebook's folder, this process wherever it was started.
+        config=Config({"KernelManager": {"transport": "ipc", "ip": _ipc_prefix()}}),
         kernel_name="jaxsys",
         timeout=timeout,
         resources={"metadata": {"path": str(Path(path).resolve().parent)}},
