@@ -1,8 +1,7 @@
 """The jaxsys sidebar and status bar in JupyterLab (headless chromium), as a new user meets
 them: buttons that cannot act are disabled, the status bar names the state and what its
 numbers count, Dump stacks says a process is idle, the log follows its newest line, the
-process table fits or scrolls, a kill asks first, and the kernel's state stays "busy"
-while sidebar commands run beside a cell."""
+process table fits or scrolls, and a kill asks first."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ pytestmark = [
 
 STATUS = "#jaxsys-status"
 SIDEBAR = "#jaxsys-sidebar"
-CELLS = ["%jaxsys start --hosts 2 --devices-per-host 1", "import time\ntime.sleep(8)"]
-START, SLEEP = range(2)
+CELLS = ["%jaxsys start --hosts 2 --devices-per-host 1"]
+START = 0
 BUTTONS = ["jaxsys-start", "jaxsys-stop", "jaxsys-restart-world", "jaxsys-stacks"]
 
 
@@ -117,14 +116,6 @@ def test_sidebar_for_a_new_user(tag, tmp_path):
             assert text.startswith("⚠ jaxsys: degraded · 1/2 processes alive"), text
             screenshot(page, "sidebar-degraded.png")
 
-            # Sidebar commands during a running cell leave Lab's kernel state busy.
-            run_cell(page, SLEEP)
-            kernel_status = (
-                "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
-            )
-            page.wait_for_function(f"() => ({kernel_status})() === 'busy'", timeout=10_000)
-            dump_stacks(page, 10)
-            assert page.evaluate(kernel_status) == "busy"
         except BaseException:
             screenshot(page, "sidebar-failure.png")
             raise
