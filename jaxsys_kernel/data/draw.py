@@ -3,7 +3,7 @@
 These are the fallbacks of the plan view: the text goes in ``text/plain`` and the SVG in
 ``text/html``, so a saved notebook shows the plan on GitHub or in nbviewer, where widgets do
 not render. The colours are the ones the sharding view gives each process
-(``PALETTE`` matches ``processColour`` in ``widgets/static/views.js``).
+(``PALETTE`` matches ``processColour`` in ``widgets/static/shared.js``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from html import escape
 
 from .._ranges import format_procs
 
-# Same list, same order as PALETTE in widgets/static/views.js (a test keeps them equal).
+# Same list, same order as PALETTE in widgets/static/shared.js (a test keeps them equal).
 PALETTE = [
     "#8ec5ea",
     "#f7b26b",
