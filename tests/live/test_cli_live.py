@@ -68,7 +68,9 @@ def test_cluster_start_status_stop(tag, tmp_path):
         assert r.returncode == 0, r.stdout
         lines = r.stdout.splitlines()
         assert "ready" in lines[0]
-        assert [ln.split()[0] for ln in lines[2:]] == ["0", "1"]
+        # The process rows, then the line on memory per process.
+        assert [ln.split()[0] for ln in lines[2:4]] == ["0", "1"]
+        assert lines[4].startswith("memory:")
         state = json.loads((tmp_path / "default.json").read_text())
         # A script can drive the cluster through its ipyparallel connection file.
         import ipyparallel as ipp
