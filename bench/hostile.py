@@ -111,7 +111,7 @@ def fuzz_magics(n: int, rng: random.Random) -> dict:
 
     from jaxsys_kernel.magics import actions
     from jaxsys_kernel.magics.magics import JaxSysMagics
-    from tests.test_hostile_magics import OPTIONS, VALUES, AnySession, NotFaked
+    from tests.unit.test_hostile_magics import OPTIONS, VALUES, AnySession, NotFaked
 
     shell = start_ipython()
     shell.register_magics(JaxSysMagics(shell, AnySession()))
