@@ -47,6 +47,7 @@ def live_devices(devices=None):
         with jaxsys_kernel.live_devices() as devices:
             mesh = jax.sharding.Mesh(np.array(devices), ("x",))
     """
+    # Deferred: nothing here imports JAX (the kernel imports this package); this runs on engines.
     import jax
     from jax.experimental import multihost_utils
 
@@ -106,13 +107,13 @@ def session():
 
 
 def __getattr__(name):
-    # Lazy, so that engines importing jaxsys_kernel.engine do not pull in the cluster code.
     if name in ("Cluster", "ClusterError", "ClusterStartError"):
+        # Deferred, so that engines importing jaxsys_kernel.engine do not load the cluster code.
         from . import cluster
 
         return getattr(cluster, name)
     if name in ("save_exported", "load_exported"):
-        # They run where JAX runs (engines); importing them here would not import JAX yet.
+        # Deferred: they run where JAX runs (engines), and importing export imports JAX.
         from . import export
 
         return getattr(export, name)

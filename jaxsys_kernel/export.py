@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from .engine.export_info import aval_text, constraints_of, leaf_names, mesh_of, symbols_of
 from .errors import EngineError
 
@@ -113,8 +115,6 @@ def check_constraint(constraint: str, env: dict[str, int]) -> bool | None:
 
 
 def _flat_args(exp, args: tuple, kwargs: dict) -> list:
-    import jax
-
     __tracebackhide__ = True
 
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
@@ -393,14 +393,12 @@ def load_exported(path: str | os.PathLike) -> LoadedExport:
         for n in (4, 8, 12):
             print(f(jnp.ones((n, 4))).shape)
     """
-    from jax import export
-
     target = Path(path)
     if not target.is_file():
         raise FileNotFoundError(f"no exported computation at {target}")
     data = target.read_bytes()
     try:
-        exp = export.deserialize(bytearray(data))
+        exp = jax.export.deserialize(bytearray(data))
     except Exception as e:  # noqa: BLE001 - flatbuffers fails in many ways on foreign bytes
         raise ValueError(
             f"{target} is not a serialized jax.export.Exported ({type(e).__name__}: {e}); "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from IPython import get_ipython
+
 from .._ranges import format_procs
 from ..contract import SUMMARY_MIME
 from ..errors import CellError
@@ -76,8 +78,6 @@ class CellRun:
 
 def notebook_cell_number() -> int | None:
     """The number the notebook shows for the cell running now, or None outside IPython."""
-    from IPython import get_ipython
-
     shell = get_ipython()
     count = getattr(shell, "execution_count", None) if shell is not None else None
     # IPython counts a cell before running it (ExecutionResult.execution_count is the old

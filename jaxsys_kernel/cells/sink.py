@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from IPython.display import display, publish_display_data
+
 from .._ranges import format_procs
 from ..contract import SUMMARY_MIME
 
@@ -35,8 +37,6 @@ class Sink:
 
     def display(self, rank: int, content: dict, label: bool) -> None:
         """Publish a rich display from process ``rank``."""
-        from IPython.display import publish_display_data
-
         if label:
             self.stdout(f"[{format_procs([rank])}] display:\n")
         summary = content.get("data", {}).get(SUMMARY_MIME)
@@ -51,8 +51,6 @@ class Sink:
 
     def view(self, summary: dict) -> None:
         """Show the widget for a summary that a process displayed."""
-        from IPython.display import display
-
         # Deferred: the widgets take most of a second to import; most cells display no view.
         from ..widgets import view_for
 

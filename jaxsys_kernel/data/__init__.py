@@ -24,6 +24,8 @@ Examples
     print(data.stats(gather=True))
 """
 
+import importlib
+
 from .planner import STRATEGIES, Block, DataPlan, ProcessReads, Read, plan
 
 # Loading runs in the JAX processes; the kernel, which draws plans, imports only the planning
@@ -41,8 +43,6 @@ _LAZY = {
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

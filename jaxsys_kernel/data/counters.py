@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from .draw import format_bytes
 
@@ -137,15 +139,11 @@ def stats(*, reset: bool = False, gather: bool = False) -> LoadStats | StatsTabl
         batch = data.global_batch("train.npy", sharding, (256, 784))
         print(data.stats(gather=True))
     """
-    import jax
-
     mine = COUNTER.snapshot(jax.process_index(), reset=reset)
     if not gather:
         return mine
     if jax.process_count() == 1:
         return StatsTable([mine])
-    from jax.experimental import multihost_utils
-
     rows = np.asarray(multihost_utils.process_allgather(_encode(mine)))
     rows = rows.reshape(jax.process_count(), -1)
     return StatsTable(_decode(p, rows[p]) for p in range(rows.shape[0]))

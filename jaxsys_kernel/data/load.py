@@ -1,8 +1,8 @@
 """Build a global ``jax.Array`` from only the slices this process's devices need.
 
-Runs inside each JAX process (JAX is imported inside the functions). The reads come from
-:func:`~jaxsys_kernel.data.planner.plan`; each shard is cut from the read that holds it and
-put on its device. When a process's devices need one box of the batch and the process read
+Runs inside each JAX process (it imports JAX; the kernel imports only the planner). The
+reads come from :func:`~jaxsys_kernel.data.planner.plan`; each shard is cut from the read
+that holds it and put on its device. When a process's devices need one box of the batch and the process read
 exactly that box, ``jax.make_array_from_process_local_data`` assembles the array; any
 other layout (several boxes, one reader per device, everything read) goes through
 ``jax.make_array_from_single_device_arrays``.
@@ -14,6 +14,7 @@ import functools
 import time
 from typing import Any
 
+import jax
 import numpy as np
 
 from .counters import COUNTER
@@ -33,8 +34,6 @@ def _devices(sharding: Any) -> dict[int, Any]:
 
 def _assemble(p: DataPlan, me: ProcessReads, datas: list[np.ndarray], sharding: Any) -> Any:
     """The global array from this process's reads."""
-    import jax
-
     shape = p.shape
     if p.strategy == "process" and len(me.reads) == 1:
         # One box feeds every local device: JAX cuts it into shards itself.
@@ -117,8 +116,6 @@ def global_batch(
         mesh = jax.make_mesh((jax.device_count(),), ("batch",))
         x = data.global_batch("train.npy", NamedSharding(mesh, P("batch")), (256, 784))
     """
-    import jax
-
     t0 = time.perf_counter()
     src = open_source(source)
     shape = src.batch_shape(None if global_shape is None else tuple(global_shape))

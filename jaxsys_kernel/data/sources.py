@@ -291,6 +291,7 @@ class GrainSource:
         ValueError
             If groups need different numbers of rows, or the share runs out of records.
         """
+        # Deferred: grain takes about two seconds to import; only Grain sources need it.
         import grain
 
         groups = plan.data_groups()

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
+
+import zmq
 
 from .. import contract
 from ..telemetry import schema
@@ -54,8 +57,6 @@ class Agent:
         server_key: str | None = None,
         interval: float = 1.0,
     ):
-        import zmq
-
         self.rank = rank
         self.incarnation = incarnation
         self.interval = interval
@@ -82,12 +83,15 @@ class Agent:
 
     def start(self) -> Agent:
         """Register the JAX listeners and start the heartbeat thread."""
+        # Deferred: the stack relay and the handshake watch load this module before JAX is
+        # imported; start() runs once JAX has joined.
         import jax.monitoring
 
         self.started = True
         jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         # What each compile request became (hit, shared, compiled and why): engine/cache.py.
+        # Deferred: cache imports JAX, which this module must not import (see above).
         from . import cache
 
         cache.install(self)
@@ -121,6 +125,7 @@ class Agent:
         if self._hooked:
             return
         try:
+            # Deferred: guarded, so that a process without IPython still sends telemetry.
             from IPython import get_ipython
         except ImportError:
             self._hooked = True
@@ -161,8 +166,6 @@ def _plain(kwargs: dict) -> dict:
 
 
 def _local_device_ids() -> list[int]:
-    import sys
-
     jax = sys.modules.get("jax")
     if jax is None:
         return []

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 
+import jax
+from jax._src import distributed
+
 from ..errors import EngineError
 
 KEY_PREFIX = "jaxsys/barrier"
@@ -73,8 +76,6 @@ def wait(barrier_id: str, name: str, timeout: float, deadline: float | None = No
     BarrierTimeout
         Naming the processes that had not arrived when ``timeout`` passed.
     """
-    import jax
-
     client = coordination_client()
     rank, nprocs = jax.process_index(), jax.process_count()
     if deadline is not None and time.time() > deadline:
@@ -93,8 +94,6 @@ def coordination_client():
     JAX 0.12 exposes it only as ``jax._src.distributed.global_state.client``: private, so
     reached in this one place.
     """
-    from jax._src import distributed
-
     client = distributed.global_state.client
     if client is None:
         raise RuntimeError("jax.distributed is not initialised in this process")

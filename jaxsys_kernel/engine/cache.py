@@ -27,6 +27,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import jax
+import jaxlib
+
 from ..telemetry import schema
 from . import cache_dir
 
@@ -52,8 +55,6 @@ _watch_lock = threading.Lock()
 
 
 def _jaxlib_version() -> str:
-    import jaxlib
-
     return jaxlib.__version__
 
 
@@ -85,8 +86,6 @@ class CacheWatch:
 
     def install(self) -> CacheWatch:
         """Register the listeners and log filters, turn on miss explanations, report config."""
-        import jax
-
         jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         for name in (*_LOGGERS, _TRACING_LOGGER):
@@ -104,8 +103,6 @@ class CacheWatch:
 
     def config(self) -> dict:
         """The cache set-up of this process: directory, thresholds and whether it is served."""
-        import jax
-
         directory = jax.config.jax_compilation_cache_dir
         platform = jax.default_backend()
         served, why = True, ""
@@ -220,8 +217,6 @@ class CacheWatch:
         self.misses.append({"t": time.time(), "cache": cache, "fun": fun, "reason": reason})
 
     def _finish(self, duration: float, fun_name: str) -> None:
-        import jax
-
         p = self._pending()
         outcome = p.get("outcome", "compiled")
         directory = jax.config.jax_compilation_cache_dir
@@ -264,8 +259,6 @@ class CacheWatch:
             event["measured"] = False
 
     def _record(self, directory: str, key: str, event: dict) -> None:
-        import jax
-
         try:
             cache_dir.write_record(
                 directory,
@@ -359,8 +352,6 @@ def describe(limit: int = 50) -> dict:
 
 def list_entries() -> dict:
     """This process's cache directory and its entries (see :func:`cache_dir.entries`)."""
-    import jax
-
     directory = jax.config.jax_compilation_cache_dir
     return {
         "dir": directory or "",
@@ -371,8 +362,6 @@ def list_entries() -> dict:
 
 def clear_entries() -> dict:
     """Empty this process's cache directory; JAX's in-memory caches are left alone."""
-    import jax
-
     directory = jax.config.jax_compilation_cache_dir
     removed, freed = cache_dir.clear(directory)
     return {"dir": directory or "", "removed": removed, "bytes": freed}
@@ -382,8 +371,6 @@ def set_thresholds(
     min_compile_secs: float | None = None, min_entry_bytes: int | None = None
 ) -> dict:
     """Set JAX's two write thresholds in this process; returns the new set-up."""
-    import jax
-
     if min_compile_secs is not None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
     if min_entry_bytes is not None:

@@ -94,7 +94,8 @@ def stored_seconds(path: str | os.PathLike) -> int | None:
         return None
     try:
         if head.startswith(_ZSTD_MAGIC):
-            import zstandard  # JAX compresses with zstandard when it is installed
+            # Deferred: zstandard is optional (JAX compresses with it when it is installed).
+            import zstandard
 
             raw = zstandard.ZstdDecompressor().decompressobj().decompress(head)[:4]
         else:

@@ -11,6 +11,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from IPython import get_ipython
+from IPython.core.formatters import JSONFormatter
+from IPython.display import display
+
 from .. import contract
 from . import summaries
 
@@ -40,7 +44,8 @@ def _export_summary(x: Any) -> dict:
     global _last_export
     if _last_export is not None and _last_export[0]() is x:
         return _last_export[1]
-    # Deferred: export_info reads jaxlib's version at import; most displays are not exports.
+    # Deferred: export_info imports JAX, and the boot path loads this module before JAX is
+    # imported; most displays are not exports.
     from .export_info import export_info
 
     info = export_info(x)
@@ -96,9 +101,6 @@ def register_formatters(shell=None) -> bool:
     bool
         Whether a shell was there to register with.
     """
-    from IPython import get_ipython
-    from IPython.core.formatters import JSONFormatter
-
     shell = shell or get_ipython()
     if shell is None:
         return False
@@ -138,8 +140,6 @@ def show(x: Any) -> None:
         import jaxsys_kernel
         jaxsys_kernel.show(x.sharding)
     """
-    from IPython.display import display
-
     summary = summarize(x)
     if summary is None:
         raise TypeError(

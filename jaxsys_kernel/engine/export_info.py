@@ -17,13 +17,18 @@ Shape (``kind == "export"``)::
      "serialized_bytes": 2836, "disabled_checks": [], "effects": [], "has_vjp": False,
      "jax": "0.12.0.1", "jaxlib": "0.12.0.1", "path": None}
 
-The only JAX imports are inside :func:`export_info` (the kernel imports the dict helpers).
+It imports JAX: it runs where JAX runs (``jaxsys_kernel.export`` and the display formatter,
+which loads it on the first export it shows).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+import jax
+import jaxlib
+from jax import export
 
 from ..telemetry.schema import SCHEMA_VERSION
 from .meshutil import format_spec
@@ -107,8 +112,6 @@ def _named_shardings(exp: Any, side: str) -> tuple:
 
 def leaf_names(tree: Any, n: int, root: str) -> list[str]:
     """Names of the flat leaves of an exported pytree: ``args[0]``, ``kwargs['w']``."""
-    import jax
-
     try:
         leaves = jax.tree_util.tree_unflatten(tree, list(range(n)))
         paths = jax.tree_util.tree_flatten_with_path(leaves)[0]
@@ -161,9 +164,6 @@ def constraints_of(exp: Any, symbols: list[str]) -> list[str]:
 
 
 def _compat(exp: Any) -> dict:
-    import jax
-    from jax import export
-
     lo = export.minimum_supported_calling_convention_version
     hi = export.maximum_supported_calling_convention_version
     version = int(exp.calling_convention_version)
@@ -210,9 +210,6 @@ def export_info(obj: Any, serialized_bytes: int | None = None, path: str | None 
     dict
         The ``export`` summary described in this module's docstring.
     """
-    import jax
-    import jaxlib
-
     exp = getattr(obj, "exported", obj)
     path = path or getattr(obj, "path", None)
     if serialized_bytes is None:

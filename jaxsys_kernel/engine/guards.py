@@ -22,8 +22,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from IPython import get_ipython
+
 from ..errors import EngineError
-from . import hooks
+from ..telemetry import schema
+from . import agent, hooks
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 # Short direction names, JAX's names for them in its messages, and its config options.
@@ -105,9 +108,6 @@ def publish_counts(force: bool = False) -> bool:
     if snapshot == _published or (not force and now - _last_publish < PUBLISH_GAP):
         return False
     try:
-        from ..telemetry import schema
-        from . import agent
-
         agent.publish(schema.TRANSFERS, counts=snapshot)
     except Exception:  # noqa: BLE001 - telemetry is best effort; the counts stay here
         return False
@@ -134,6 +134,7 @@ def set_transfer_guard(levels: dict[str, str]) -> dict[str, str]:
     dict
         The level of every direction afterwards (``"allow"`` where none was set).
     """
+    # Deferred: output.py loads this module on the engine's boot path, before JAX is imported.
     import jax
 
     for short, level in levels.items():
@@ -155,6 +156,7 @@ def state(reset_counts: bool = False) -> dict:
 
 def transfer_guard_levels() -> dict[str, str]:
     """The transfer guard level of every direction, as JAX's config holds it."""
+    # Deferred: output.py loads this module on the engine's boot path, before JAX is imported.
     import jax
 
     return {s: getattr(jax.config, opt) or "allow" for s, (_, opt) in DIRECTIONS.items()}
@@ -253,6 +255,7 @@ _thread_errors: list[tuple[str, BaseException]] = []
 
 def _rank() -> int | None:
     try:
+        # Deferred: output.py loads this module on the engine's boot path, before JAX is imported.
         import jax
 
         return jax.process_index()
@@ -315,8 +318,6 @@ def _post_run_cell(result) -> None:
         result.error_in_exec = _replacement
     elif _thread_errors and result.error_in_exec is None:
         # The cell itself succeeded, but a thread it started broke the guard: the cell fails.
-        from IPython import get_ipython
-
         clear = _thread_errors[0][1]
         result.error_in_exec = clear
         get_ipython().showtraceback((type(clear), clear, None))
@@ -330,11 +331,10 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    from IPython import get_ipython
-
     shell = get_ipython()
     if shell is None:
         return False
+    # Deferred: output.py loads this module on the engine's boot path, before JAX is imported.
     from jax.errors import JaxRuntimeError
 
     shell.set_custom_exc((JaxRuntimeError, ValueError), _custom_tb)
@@ -347,6 +347,7 @@ def install() -> bool:
 
 def _enter_thread_guard(_options: dict):
     """The ``thread_guard`` cell hook: the cell runs under ``jax.thread_guard(True)``."""
+    # Deferred: output.py loads this module on the engine's boot path, before JAX is imported.
     import jax
 
     if not install():

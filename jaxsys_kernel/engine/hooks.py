@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from IPython import get_ipython
+
 from ..errors import EngineError
 
 MARKER = "#jaxsys-cell-hooks "
@@ -202,8 +204,6 @@ def install() -> bool:
     global _installed
     if _installed:
         return True
-    from IPython import get_ipython
-
     shell = get_ipython()
     if shell is None:
         return False

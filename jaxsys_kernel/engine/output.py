@@ -34,6 +34,9 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
+from IPython import get_ipython
+from IPython.display import publish_display_data
+
 from .. import contract
 from .chatter import GlooFilter, is_stderr_chatter
 from .fdpipe import FdReader, LineAssembler
@@ -208,9 +211,6 @@ def publish_to_cell(name: str, text: str, header: dict) -> None:
     Works from any thread: ipykernel's display publisher takes the parent header from a
     context variable, which is set for this call only.
     """
-    from IPython import get_ipython
-    from IPython.display import publish_display_data
-
     shell = get_ipython()
     pub = getattr(shell, "display_pub", None)
     set_parent = getattr(pub, "set_thread_parent", None)
@@ -259,8 +259,6 @@ def install_from_env() -> NativeOutput | None:
     global _output, _log_path
     if _output is not None:
         return _output
-    from IPython import get_ipython
-
     shell = get_ipython()
     if shell is None:
         return None

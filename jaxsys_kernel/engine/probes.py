@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+import numpy as np
+from IPython import get_ipython
 
 # Also used on the kernel side (the audit of its own sockets), so it lives in a module
 # without JAX; engines read it from here as before.
@@ -11,6 +15,8 @@ from .sockets import listening_sockets
 
 def _jax_leaves(value: Any) -> tuple[list, bool]:
     """Leaves of ``value`` if it is a pytree holding jax arrays, and whether any spans processes."""
+    # Deferred: this module loads without JAX (completion, inspection and network_endpoints
+    # run where JAX may not be imported); describe_value reads an ImportError as no arrays.
     import jax
 
     leaves = jax.tree.leaves(value)
@@ -54,8 +60,8 @@ def fetch_value(value: Any, want: int) -> Any:
     want : int
         The process whose copy is returned.
     """
+    # Deferred: as in _jax_leaves, this module loads without JAX.
     import jax
-    import numpy as np
     from jax.experimental import multihost_utils
 
     def to_numpy(leaf):
@@ -79,8 +85,6 @@ def fetch_value(value: Any, want: int) -> Any:
 
 def complete(code: str, cursor_pos: int) -> dict:
     """Completions from this engine's namespace, in the kernel protocol's reply format."""
-    from IPython import get_ipython
-
     kernel = get_ipython().kernel
     reply = kernel.do_complete(code, cursor_pos)
     return dict(reply)
@@ -88,8 +92,6 @@ def complete(code: str, cursor_pos: int) -> dict:
 
 def inspect(code: str, cursor_pos: int, detail_level: int = 0) -> dict:
     """Inspection of the name at the cursor, in the kernel protocol's reply format."""
-    from IPython import get_ipython
-
     kernel = get_ipython().kernel
     return dict(kernel.do_inspect(code, cursor_pos, detail_level))
 
@@ -106,14 +108,13 @@ def network_endpoints() -> dict:
         (None without one); ``cross_host_transfer``: the configured transfer socket
         address (or ""); ``profiler``: whether ``jax.profiler.start_server`` was called.
     """
-    import sys
-
     # Deferred: _compat reaches into ipyparallel's engine, which only an engine has.
     from .. import _compat
 
     nanny = _compat.nanny_pid()
     transfer, profiler = "", False
     if "jax" in sys.modules:
+        # Deferred: imported only when this process already has it (the check above).
         import jax
 
         # An absl-style flag: jax.config has no attribute for it, its holder has the value.

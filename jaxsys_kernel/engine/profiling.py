@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+import jax
+
 from . import hooks
 
 # Largest piece of a trace sent in one reply.
@@ -37,8 +39,6 @@ def clock() -> float:
 
 def start(options: dict) -> dict:
     """Start ``jax.profiler`` for this process (the hook's ``before``)."""
-    import jax
-
     global _running
     if _running is not None:
         raise RuntimeError("a profile is already running on this process; stop it first")
@@ -53,8 +53,6 @@ def start(options: dict) -> dict:
 
 def stop(state: dict | None = None, _exc: BaseException | None = None) -> dict | None:
     """Stop the profiler and remember where the trace is (the hook's ``after``)."""
-    import jax
-
     global _running, _last
     if _running is None:
         return None
@@ -72,8 +70,6 @@ def stop(state: dict | None = None, _exc: BaseException | None = None) -> dict |
 
 def trace_info() -> dict | None:
     """The last trace of this process: path, size, the start mark's wall time, process."""
-    import jax
-
     if _last is None:
         return None
     return {**_last, "rank": jax.process_index(), "chunk": CHUNK}

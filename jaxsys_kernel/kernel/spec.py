@@ -7,6 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jupyter_client.kernelspec import KernelSpecManager
+
 from .. import contract
 
 KERNEL_NAME = "jaxsys"
@@ -51,8 +53,6 @@ def install_kernel_spec(
     hosts, devices_per_host : int
         Cluster defaults written into the spec's environment.
     """
-    from jupyter_client.kernelspec import KernelSpecManager
-
     if not user and prefix is None:
         prefix = sys.prefix
     with tempfile.TemporaryDirectory() as td:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import IPython
+
 from .session import MultihostSession, make_spmd_transformer
 
 
@@ -44,9 +46,7 @@ def current_session(shell=None) -> MultihostSession:
         Outside IPython, or when the jaxsys magics are not loaded in it.
     """
     if shell is None:
-        from IPython import get_ipython
-
-        shell = get_ipython()
+        shell = IPython.get_ipython()
     session = getattr(shell, "_jaxsys_session", None)
     if session is None:
         raise RuntimeError(

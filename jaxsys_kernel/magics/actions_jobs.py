@@ -10,6 +10,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..cluster.allocation_slurm import SlurmAllocation
+
 # The flags of %jaxsys start that become launcher options, by option name.
 _SCHEDULER_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--partition", {"metavar": "P", "help": "Slurm: the partition to queue in"}),
@@ -72,8 +74,6 @@ def attach(session, args: argparse.Namespace) -> None:
 
         %jaxsys attach 1234 --hosts 4
     """
-    from ..cluster.allocation_slurm import SlurmAllocation
-
     if not args.job_id.isdigit():
         raise UsageError(f"JOB must be a Slurm job id (digits), not {args.job_id!r}")
     status = SlurmAllocation(job_id=args.job_id).poll()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import socket
 
+import psutil
+
 
 def local_rss(host: str, pid: int | None) -> int | None:
     """Resident memory in bytes of ``pid`` when it runs on this machine, else None.
@@ -20,8 +22,6 @@ def local_rss(host: str, pid: int | None) -> int | None:
     """
     if pid is None or host != socket.gethostname():
         return None
-    import psutil
-
     try:
         return psutil.Process(pid).memory_info().rss
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
