@@ -162,6 +162,10 @@ class EngineEnv:
         return cls(**values)
 
 
+# Every variable of EngineEnv: what a kernel may hand a standby engine when it takes over.
+ENGINE_VARIABLES = frozenset(EngineEnv._NAMES.values())
+
+
 def rank_from_env(environ: Mapping[str, str] | None = None) -> int:
     """This process's rank, from the first of :data:`RANK_VARIABLES` that is set.
 

@@ -165,9 +165,13 @@ async def wait_registered(
     n = world.config.nprocs if n is None else n
     last = -1
     while True:
-        # A restarted rank may get its old engine id back; only the uuid is new.
+        # A restarted rank may get its old engine id back; only the uuid is new. Standby
+        # engines registering meanwhile are not for this launch.
+        reserved = world.reserved_ids()
         new = sorted(
-            eid for eid, uuid in _compat.engine_uuids(world.client).items() if uuid not in exclude
+            eid
+            for eid, uuid in _compat.engine_uuids(world.client).items()
+            if uuid not in exclude and eid not in reserved
         )
         k = len(new)
         if k != last:
@@ -238,6 +242,33 @@ async def identify(
     if missing:
         raise ClusterStartError(f"no engine reported rank(s) {missing}")
     return by_rank
+
+
+async def take_over(world, spares: dict) -> dict[int, dict]:
+    """Hand standby engines the incarnation they join; returns their descriptions by rank.
+
+    Each becomes the engine serving its rank (``launcher.engine_sets``), so that kills and
+    teardown find it like any engine launched for the rank.
+    """
+    ctx = world.engine_context()
+    ars = {
+        r: world.client[s.engine_id].apply_async(
+            bootstrap.take_over, world.launcher.takeover_settings(r, ctx)
+        )
+        for r, s in spares.items()
+    }
+    infos: dict[int, dict] = {}
+    for r, ar in ars.items():
+        info = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=IDENTIFY_TIMEOUT_S)
+        if info["rank"] != r:
+            raise ClusterStartError(
+                f"the standby engine {spares[r].engine_id} kept for process {r} reports "
+                f"process {info['rank']}"
+            )
+        info["engine_id"] = spares[r].engine_id
+        world.launcher.engine_sets[r] = spares[r].set_id
+        infos[r] = info
+    return infos
 
 
 # -- JAX initialisation ---------------------------------------------------------------------
@@ -334,22 +365,38 @@ async def init_jax(world, deadline_s: float, ranks: Sequence[int] | None = None)
 # -- all together ----------------------------------------------------------------------------
 
 
-async def bring_up_engines(world, deadline: float, exclude: set[str]) -> None:
-    """Wait for the launched engines, identify them, initialise JAX, and make the view."""
-    # On a restart the hub may still list the killed engines for a moment.
-    engine_ids = await wait_registered(world, deadline, exclude)
-    infos = await identify(world, engine_ids)
+async def bring_up_engines(
+    world, deadline: float, exclude: set[str], spares: dict | None = None
+) -> None:
+    """Wait for the launched engines, identify them, initialise JAX, and make the view.
+
+    ``spares`` (by rank) are standby engines taking over their ranks; the other ranks'
+    engines were launched for this incarnation.
+    """
+    spares = spares or {}
+    launched = [r for r in world.ranks if r not in spares]
+    infos: dict[int, dict] = {}
+    if launched:
+        # On a restart the hub may still list the killed engines for a moment.
+        engine_ids = await wait_registered(world, deadline, exclude, n=len(launched))
+        infos = await identify(world, engine_ids, expected=launched)
+    if spares:
+        infos.update(await take_over(world, spares))
     world.processes = [ProcessInfo.from_description(r, infos[r]) for r in world.ranks]
     await init_jax(world, world.config.init_timeout + 5)
     make_view(world)
 
 
-async def bring_up_rank(world, rank: int, exclude: set[str]) -> None:
-    """Wait for one relaunched rank to register, identify it, and let it join the world."""
-    (eid,) = await wait_registered(
-        world, time.monotonic() + world.config.register_timeout, exclude, n=1
-    )
-    info = (await identify(world, [eid], expected=[rank]))[rank]
+async def bring_up_rank(world, rank: int, exclude: set[str], spare=None) -> None:
+    """Wait for one relaunched rank to register (or hand its standby engine over),
+    identify it, and let it join the world."""
+    if spare is not None:
+        info = (await take_over(world, {rank: spare}))[rank]
+    else:
+        (eid,) = await wait_registered(
+            world, time.monotonic() + world.config.register_timeout, exclude, n=1
+        )
+        info = (await identify(world, [eid], expected=[rank]))[rank]
     world.processes[rank] = ProcessInfo.from_description(rank, info)
     await init_jax(world, world.config.init_timeout + 5, ranks=[rank])
     make_view(world)

@@ -55,6 +55,8 @@ class World:
         ipyparallel's client, and a blocking view on every engine in rank order.
     rank_restarts : dict
         How often each rank was restarted alone in this incarnation's lifetime.
+    standby : Standby or None
+        Engines booted ahead of need (see :mod:`~jaxsys_kernel.cluster.standby`).
     """
 
     config: ClusterConfig
@@ -70,6 +72,7 @@ class World:
     client: Any = None
     view: Any = None
     rank_restarts: dict[int, int] = field(default_factory=dict)
+    standby: Any = None
 
     @property
     def ipp(self):
@@ -90,6 +93,21 @@ class World:
             pki=self.pki,
             telemetry=self.telemetry,
         )
+
+    def standby_context(self) -> EngineContext:
+        """What a standby engine is launched with: no coordinator, so it only boots and
+        imports JAX, and the next incarnation, which it is told again when it takes over."""
+        return EngineContext(
+            incarnation=self.incarnation + 1,
+            coordinator=None,
+            profile=self.profile,
+            pki=self.pki,
+            telemetry=self.telemetry,
+        )
+
+    def reserved_ids(self) -> set[int]:
+        """Engine ids given to standby engines, never taken for a rank's own engine."""
+        return set(self.standby.reserved) if self.standby is not None else set()
 
     def refusal_records(self) -> list:
         """Handshakes the coordination service refused (none without mTLS or telemetry)."""

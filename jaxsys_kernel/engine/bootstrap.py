@@ -88,6 +88,35 @@ def describe_process() -> dict:
     }
 
 
+def take_over(settings: dict[str, str]) -> dict:
+    """Become the process a standby engine was kept for, then report who it is.
+
+    A standby engine boots with its rank's environment but without what belongs to one
+    incarnation of the world (which incarnation, and the stack and native-log files named
+    after it): the kernel hands those over here, just before the engine is identified.
+
+    Parameters
+    ----------
+    settings : dict of str to str
+        Environment variables of :class:`jaxsys_kernel.contract.EngineEnv` to set.
+
+    Returns
+    -------
+    dict
+        What :func:`describe_process` returns.
+
+    Raises
+    ------
+    ValueError
+        For a variable that is not one of the engine's own, which a stale kernel could send.
+    """
+    strangers = sorted(set(settings) - contract.ENGINE_VARIABLES)
+    if strangers:
+        raise ValueError(f"take_over sets only the engine's own variables, not {strangers}")
+    os.environ.update(settings)
+    return describe_process()
+
+
 def _host_address(host: str) -> str:
     """This host's address for the others: a non-loopback one if its name has any.
 
@@ -218,6 +247,10 @@ def start_early_init() -> None:
         try:
             import jax  # noqa: F401 - the import is the point
 
+            if not coordinator:
+                # A standby engine: what taking over and joining will import, imported now,
+                # while nobody waits for it.
+                from . import agent, display, output, transfers  # noqa: F401
             if coordinator:
                 if env.num_processes is None:
                     raise RuntimeError(f"${contract.NUM_PROCESSES} is not set")

@@ -128,8 +128,11 @@ class Launcher:
     engine_pids_here: ClassVar[bool] = False
     #: Launcher processes (mpiexec, sbatch...) run on this machine.
     launcher_pids_here: ClassVar[bool] = True
-    #: A single process can be restarted into the running world.
+    #: A single process can be restarted into the running world (and so processes can be
+    #: launched one by one, which a standby needs).
     restarts_one_process: ClassVar[bool] = False
+    #: Keeps a standby (see cluster/standby.py) when the user asks for none.
+    standby_by_default: ClassVar[bool] = False
     #: Engines read a complete copy of the controller's engine file (see bringup.py).
     uses_engine_file_copy: ClassVar[bool] = False
     #: With no ``controller_ip``, everything listens on loopback.
@@ -309,11 +312,13 @@ class Launcher:
         """Engine arguments about ipyparallel's nanny (which relays signals)."""
         return []
 
-    def engine_args(self, rank: int, ctx: EngineContext) -> list[str]:
-        """The ``ipengine`` arguments for the engine of ``rank``."""
+    def engine_args(self, rank: int, ctx: EngineContext, engine_id: int | None = None) -> list[str]:
+        """The ``ipengine`` arguments for the engine of ``rank`` (a standby engine asks
+        for the ``engine_id`` it was given)."""
         return [
-            # Ask the hub for engine id == rank, so that process i is engine i.
-            f"--IPEngine.id={rank}",
+            # Ask the hub for engine id == rank, so that process i is engine i; a standby
+            # engine asks for an id of its own, so the kernel knows it on registration.
+            f"--IPEngine.id={rank if engine_id is None else engine_id}",
             *self.nanny_args(),
             # Engines start alongside the controller and wait for its file.
             f"--IPEngine.wait_for_url_file={self.config.register_timeout:g}",
@@ -339,9 +344,21 @@ class Launcher:
         """The settings handed to ipyparallel's engine launcher."""
         return dict(self.config.launcher_options)
 
-    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
-        """Start the engine of one rank as an engine set of its own."""
+    async def launch_rank(
+        self, rank: int, set_id: str, ctx: EngineContext, *, engine_id: int | None = None
+    ) -> None:
+        """Start the engine of one rank as an engine set of its own.
+
+        With ``engine_id`` the engine is a standby kept for ``rank``: it asks the hub for
+        that id and is not recorded as serving the rank until it takes over.
+        """
         raise NotImplementedError(f"the {self.name} launcher starts every rank in one job")
+
+    def takeover_settings(self, rank: int, ctx: EngineContext) -> dict[str, str]:
+        """What a standby engine kept for ``rank`` is told when it joins incarnation
+        ``ctx.incarnation``: the variables that name the incarnation and its files."""
+        per_incarnation = {contract.INCARNATION, contract.STACK_FILE, contract.NATIVE_LOG}
+        return {k: v for k, v in self.engine_env(rank, ctx).items() if k in per_incarnation}
 
     def engine_set(self, rank: int):
         """The ipyparallel engine-set launcher serving ``rank``, or None."""

@@ -25,6 +25,8 @@ class LocalLauncher(Launcher):
     takes_options = False
     engine_pids_here = True
     restarts_one_process = True
+    # Processes here cost only this machine's memory, which the standby's size accounts for.
+    standby_by_default = True
     uses_engine_file_copy = True
     loopback_only = True
     default_platforms = "cpu"
@@ -68,23 +70,29 @@ class LocalLauncher(Launcher):
         # and starting a nanny costs each engine ~1 s of start-up on a busy machine.
         return ["--IPEngine.enable_nanny=False"]
 
-    def engine_args(self, rank: int, ctx: EngineContext) -> list[str]:
-        return [*super().engine_args(rank, ctx), f"--IPEngine.url_file={engine_file(ctx.profile)}"]
+    def engine_args(self, rank: int, ctx: EngineContext, engine_id: int | None = None) -> list[str]:
+        return [
+            *super().engine_args(rank, ctx, engine_id),
+            f"--IPEngine.url_file={engine_file(ctx.profile)}",
+        ]
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
         for rank in self.config.ranks:
             await self.launch_rank(rank, f"p{rank}-i{ctx.incarnation}", ctx)
 
-    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
+    async def launch_rank(
+        self, rank: int, set_id: str, ctx: EngineContext, *, engine_id: int | None = None
+    ) -> None:
         kwargs: dict[str, Any] = {
             "environment": self.engine_env(rank, ctx),
-            "engine_args": self.engine_args(rank, ctx),
+            "engine_args": self.engine_args(rank, ctx, engine_id),
         }
         prefix = self.config.process_prefix.get(rank)
         if prefix:
             kwargs["engine_cmd"] = [*prefix, sys.executable, "-m", "ipyparallel.engine"]
         await self.ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
-        self.engine_sets[rank] = set_id
+        if engine_id is None:
+            self.engine_sets[rank] = set_id
 
     def _signal_here(self, processes, ranks, sig):
         sent, rest = [], []

@@ -67,7 +67,9 @@ class SshLauncher(Launcher):
 
         await asyncio.gather(*(launch(r) for r in self.config.ranks))
 
-    async def launch_rank(self, rank: int, set_id: str, ctx: EngineContext) -> None:
+    async def launch_rank(
+        self, rank: int, set_id: str, ctx: EngineContext, *, engine_id: int | None = None
+    ) -> None:
         """What ``ipyparallel.Cluster.start_engines`` does, with the blocking ssh calls of
         the launcher's ``start`` moved to a worker thread, so that hosts start in parallel.
         """
@@ -78,7 +80,7 @@ class SshLauncher(Launcher):
         loop = IOLoop.current()
         kwargs: dict[str, Any] = {
             "environment": self.engine_env(rank, ctx),
-            "engine_args": self.engine_args(rank, ctx),
+            "engine_args": self.engine_args(rank, ctx, engine_id),
             **self.config.launcher_options,
         }
         es = ipp.engine_launcher_class(
@@ -94,7 +96,8 @@ class SshLauncher(Launcher):
         )
         # Known before it starts, so that a teardown meanwhile finds it.
         _compat.attach_engine_set(ipp, set_id, es)
-        self.engine_sets[rank] = set_id
+        if engine_id is None:
+            self.engine_sets[rank] = set_id
         await asyncio.to_thread(es.start, 1)
 
     def kill_remote(self, engine_sets: Sequence) -> None:
