@@ -7,7 +7,10 @@ one breaks in this file, and :func:`check_versions` refuses versions it was not 
 with a clear error instead of an ``AttributeError`` deep inside a cell.
 
 Imports of ipyparallel and ipykernel are inside the functions: the engines import this
-module too, and importing either package costs time they do not need to spend.
+module too, and importing either package costs time they do not need to spend. JAX is never
+imported here, not even inside a function (the kernel side imports this module and must not
+import JAX; import-linter reads imports in functions too): its functions take JAX's version
+or objects from their callers on the engines.
 """
 
 from __future__ import annotations
@@ -184,3 +187,54 @@ def create_subshell(kernel) -> str:
 def route_comm_to_subshell(comm, subshell_id: str) -> None:
     """Serve a comm's incoming messages on a subshell, whatever thread sends its updates."""
     comm._reply_subshell_for = lambda data, default: subshell_id
+
+
+# -- JAX: the slow dispatch path (runs in the engines) -----------------------------------------
+
+# The JAX release whose jax._src.pjit the divergence check reads (major, minor). Under the
+# public ``jax_distributed_debug`` option, a call on the slow dispatch path logs a record,
+# through this logger, whose message starts with this line, from this function, whose
+# locals hold the call.
+JAX = (0, 12)
+JAX_DISPATCH_LOGGER = "jax._src.util"
+_JAX_DISPATCH_BEGIN = "\nDISTRIBUTED_DEBUG_BEGIN"
+_JAX_DISPATCH_FRAME = "_pjit_call_impl_python"
+
+
+def jax_dispatch_unsupported(jax_version: str) -> str | None:
+    """None when JAX ``jax_version``'s dispatch records can be read, else why not."""
+    if _version_tuple(jax_version)[:2] == JAX:
+        return None
+    return (
+        f"the divergence check reads jax._src.pjit of JAX {JAX[0]}.{JAX[1]}.x; "
+        f"this process runs JAX {jax_version}, so it is off"
+    )
+
+
+def is_jax_dispatch_record(record) -> bool:
+    """Whether a ``logging.LogRecord`` is JAX's record of a dispatch."""
+    return isinstance(record.msg, str) and record.msg.startswith(_JAX_DISPATCH_BEGIN)
+
+
+def jax_dispatch_call(frame) -> dict | None:
+    """The call JAX is logging, from the stack at or above ``frame`` (None if not there).
+
+    Returns
+    -------
+    dict or None
+        ``frame`` (JAX's logging frame), ``name``, ``args`` (the arrays passed),
+        ``in_shardings``, ``out_shardings`` and ``fingerprint`` (None before compiling).
+    """
+    while frame is not None and frame.f_code.co_name != _JAX_DISPATCH_FRAME:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    loc = frame.f_locals
+    return {
+        "frame": frame,
+        "name": str(loc.get("name", "?")),
+        "args": tuple(loc.get("args", ())),
+        "in_shardings": tuple(loc.get("in_shardings", ())),
+        "out_shardings": tuple(loc.get("out_shardings", ())),
+        "fingerprint": loc.get("fingerprint"),
+    }

@@ -15,8 +15,8 @@ The source is JAX's public ``jax_distributed_debug`` option: on the slow dispatc
 call that missed the C++ cache, which includes every call that compiles) JAX logs each
 executable through Python logging at WARNING. A logger filter sees that record first. The
 arguments and shardings are read from the frame that logs it, a private detail of
-``jax._src.pjit`` checked against the JAX version (:func:`supported`); with another JAX
-version the check turns itself off and says so. What it cannot see: a call served by the
+``jax._src.pjit`` that :mod:`jaxsys_kernel._compat` reads, checked against the JAX version
+(:func:`supported`); with another JAX version the check turns itself off and says so. What it cannot see: a call served by the
 C++ cache (the same function on the same argument types as before), and the data.
 """
 
@@ -28,14 +28,10 @@ import sys
 import threading
 import time
 
+from .. import _compat
 from . import hooks
 
 MIME = hooks.RECORD_MIME
-# JAX versions whose slow dispatch path this module reads (jax._src.pjit).
-SUPPORTED_JAX = ("0.12.",)
-_LOGGER = "jax._src.util"
-_LOGGING_FRAME = "_pjit_call_impl_python"
-_BEGIN = "\nDISTRIBUTED_DEBUG_BEGIN"
 # Seconds between two looks at where the main thread is.
 SAMPLE = 0.25
 # Below this share of CPU time over one sample, the main thread counts as idle.
@@ -48,12 +44,7 @@ def supported() -> str | None:
     """None when this JAX version's dispatch records can be read, else the reason why not."""
     import jax
 
-    if jax.__version__.startswith(SUPPORTED_JAX):
-        return None
-    return (
-        f"the divergence check reads jax._src.pjit of JAX {', '.join(SUPPORTED_JAX)}x; "
-        f"this process runs JAX {jax.__version__}, so it is off"
-    )
+    return _compat.jax_dispatch_unsupported(jax.__version__)
 
 
 def _is_cell_file(filename: str) -> bool:
@@ -91,25 +82,27 @@ def _processes(shardings) -> set[int]:
     return procs
 
 
-def describe(frame) -> dict | None:
-    """A ``dispatch`` record from JAX's logging frame, or None if it spans one process."""
+def describe(call: dict) -> dict | None:
+    """A ``dispatch`` record from the call JAX logs, or None if it spans one process.
+
+    ``call`` is what :func:`jaxsys_kernel._compat.jax_dispatch_call` read from JAX's frame.
+    """
     import jax
 
-    loc = frame.f_locals
-    args = loc.get("args", ())
+    args = call["args"]
     arg_shardings = [getattr(a, "sharding", None) for a in args]
-    declared = [*loc.get("in_shardings", ()), *loc.get("out_shardings", ())]
+    declared = [*call["in_shardings"], *call["out_shardings"]]
     procs = _processes([s for s in arg_shardings + declared if s is not None])
     if len(procs) < 2 or jax.process_index() not in procs:
         return None
     return {
         "kind": "dispatch",
-        "name": str(loc.get("name", "?")),
+        "name": call["name"],
         "args": [_short(jax.typeof(a)) for a in args],
         "shardings": [_sharding_text(s) for s in arg_shardings if s is not None],
-        "fingerprint": loc.get("fingerprint") or "",
+        "fingerprint": call["fingerprint"] or "",
         "procs": sorted(procs),
-        "line": user_line(frame),
+        "line": user_line(call["frame"]),
         "t": time.time(),
     }
 
@@ -134,7 +127,7 @@ class Recorder:
 
     def filter(self, record: logging.LogRecord) -> bool:
         """A logger filter: record JAX's dispatch, and keep it out of the cell if ours."""
-        if not (isinstance(record.msg, str) and record.msg.startswith(_BEGIN)):
+        if not _compat.is_jax_dispatch_record(record):
             return True
         if self.active:
             try:
@@ -145,9 +138,8 @@ class Recorder:
         return not self.ours
 
     def _record(self, frame) -> None:
-        while frame is not None and frame.f_code.co_name != _LOGGING_FRAME:
-            frame = frame.f_back
-        entry = describe(frame) if frame is not None else None
+        call = _compat.jax_dispatch_call(frame)
+        entry = describe(call) if call is not None else None
         if entry is not None:
             entry["seq"] = self.seq
             self.seq += 1
@@ -257,7 +249,7 @@ def _before(_options: dict) -> Recorder | None:
         return None
     if _recorder is None:
         _recorder = Recorder(_publisher())
-        logging.getLogger(_LOGGER).addFilter(_recorder.filter)
+        logging.getLogger(_compat.JAX_DISPATCH_LOGGER).addFilter(_recorder.filter)
     _recorder.publish = _publisher()
     _recorder.start()
     return _recorder
