@@ -4,9 +4,10 @@ It draws a ``timeline`` summary (:func:`jaxsys_kernel.cells.timeline.summary`): 
 process with its executables (blue), collectives (orange) and the cell lines they came from
 (grey, thin, above); wheel to zoom, drag to pan, hover for name and duration. The slowest
 process (most time in executables) is marked, so the processes that wait for it in each
-collective stand out. The mime bundle also carries the same drawing as a static SVG
-(``image/svg+xml``) and a table (``text/plain``), so a saved notebook shows it without
-widgets.
+collective stand out. For where widgets do not run (untrusted notebooks, nbconvert,
+GitHub), the mime bundle also carries the same drawing as ``image/png`` and one line per
+process as ``text/plain``, as the other views do (see :mod:`.fallback` for why PNG);
+:func:`timeline_svg` draws it as SVG, with each span's name and duration as its tooltip.
 
 This module never imports JAX.
 """
@@ -20,9 +21,16 @@ from typing import Any
 import anywidget
 import traitlets
 
+from .fallback import png_bundle
+from .pictures import stack, text_picture
+from .raster import CHAR_H, LINE_H, Canvas, fit, text_width
+
 _STATIC = pathlib.Path(__file__).parent / "static"
 COLOURS = {"executable": "#4e8fd6", "collective": "#f08a24", "line": "#b0b0b0"}
 ROW, WIDTH, LEFT = 34, 900, 60
+# The picture's margin, and the gap between a process's label and its row of spans.
+MARGIN, GAP = 6, 8
+LEGEND = (("executable", "executables"), ("collective", "collectives"), ("line", "cell lines"))
 
 
 def slowest(info: dict) -> int | None:
@@ -59,6 +67,58 @@ def timeline_svg(info: dict) -> str:
         "blue: executables, orange: collectives, grey: cell lines</text></svg>"
     )
     return "".join(parts)
+
+
+def _row_label(rank: int, late: int | None, many: bool) -> str:
+    return f"p{rank} (slowest)" if rank == late and many else f"p{rank}"
+
+
+def _draw_row(canvas: Canvas, p: dict, y: int, left: int, scale: float) -> None:
+    """One process's spans: cell lines thin above, executables and collectives below, the
+    name written inside a span wide enough for it."""
+    for s in sorted(p["spans"], key=lambda s: s["kind"] != "line"):
+        x, w = left + s["start"] * scale, max(s["dur"] * scale, 1.0)
+        if s["kind"] == "line":
+            canvas.box(x, y, w, 6, fill=COLOURS["line"])
+            continue
+        canvas.box(x, y + 8, w, 22, fill=COLOURS[s["kind"]])
+        if text_width(s["name"]) <= w - 4:
+            canvas.text(x + 2, y + 8 + (22 - CHAR_H) / 2, s["name"], "#ffffff")
+
+
+def timeline_picture(info: dict) -> Canvas:
+    """The summary drawn as a picture: a title, a row per process, the axis and a legend.
+
+    Parameters
+    ----------
+    info : dict
+        A ``timeline`` summary (:func:`jaxsys_kernel.cells.timeline.summary`).
+
+    Returns
+    -------
+    Canvas
+        The drawing, with :func:`timeline_text` below it.
+    """
+    procs = info.get("processes") or []
+    end = max(info.get("end_us") or 0.0, 1.0)
+    late = slowest(info)
+    labels = [_row_label(p["rank"], late, len(procs) > 1) for p in procs]
+    left = MARGIN + max(map(text_width, labels), default=0) + GAP
+    scale = (WIDTH - left - MARGIN) / end
+    top = MARGIN + LINE_H
+    canvas = Canvas(WIDTH, top + ROW * len(procs) + 2 * LINE_H + MARGIN)
+    title = f"{len(procs)} processes, 0 to {end / 1e3:.1f} ms on the kernel's clock"
+    canvas.text(MARGIN, MARGIN, fit(title, WIDTH - 2 * MARGIN))
+    for i, (p, label) in enumerate(zip(procs, labels, strict=True)):
+        y = top + i * ROW
+        canvas.text(MARGIN, y + 8 + (22 - CHAR_H) / 2, label)
+        _draw_row(canvas, p, y, left, scale)
+    x, y = MARGIN, top + ROW * len(procs) + LINE_H
+    for kind, words in LEGEND:
+        canvas.box(x, y, CHAR_H, CHAR_H, fill=COLOURS[kind])
+        canvas.text(x + CHAR_H + 4, y, words, "#555555")
+        x += CHAR_H + 4 + text_width(words) + 16
+    return stack([[canvas], [text_picture(timeline_text(info))]], gap=0)
 
 
 def timeline_text(info: dict) -> str:
@@ -113,9 +173,9 @@ class TimelineView(anywidget.AnyWidget):
         bundle = super()._repr_mimebundle_(**kwargs)
         data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
         data = {k: v for k, v in data.items() if not k.startswith("text/")}
-        data["image/svg+xml"] = timeline_svg(self.info)
-        data["text/plain"] = self.text()
-        return data, metadata
+        if self.info.get("processes"):
+            return {**data, **png_bundle(timeline_picture(self.info), self.text())}, metadata
+        return {**data, "text/plain": self.text()}, metadata
 
 
-__all__ = ["TimelineView", "slowest", "timeline_svg", "timeline_text"]
+__all__ = ["TimelineView", "slowest", "timeline_picture", "timeline_svg", "timeline_text"]
