@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import contract
 from ..errors import ConfigError
-from .launchers import DEFAULT, launcher_class
+from . import options as opts
+from .launchers import DEFAULT, launcher_class, launcher_names
 from .launchers.registry import describe, names_where
+from .options import Flag, option
 
 # Why jaxsys_kernel refuses JAX's share flag on CPU (measured; docs/compilation-cache.md).
 SHARE_FLAG = "JAX_SHARE_BINARY_BETWEEN_HOSTS"
@@ -34,43 +38,228 @@ def default_register_timeout(nprocs: int) -> float:
     return REGISTER_BASE_S + REGISTER_PER_PROCESS_S * nprocs
 
 
+# Read when no standby size is given (the kernelspec may set it).
+STANDBY_VARIABLE = "JAXSYS_STANDBY"
+
+_SCHEDULER = "launcher_options"
+
+
 @dataclass
 class ClusterConfig:
-    """The options of a :class:`~jaxsys_kernel.cluster.Cluster`, checked in ``__post_init__``.
+    """The options of a :class:`~jaxsys_kernel.cluster.Cluster`: the one place each is
+    declared, with its type, default, meaning and flag, and checked in ``__post_init__``.
 
-    The parameters are those of ``Cluster`` (see its docstring); the containers are copied
-    into plain dicts and lists, and ``nprocs`` and ``host_names`` are derived from ``hosts``.
-
-    Raises
-    ------
-    ConfigError
-        For any option that cannot work, with what to give instead.
+    ``%jaxsys start``, ``jaxsys cluster start``, ``jaxsys run`` and ``jaxsys job`` take
+    their flags from here (:meth:`add_arguments`); :meth:`to_file` and :meth:`from_file`
+    keep options in a JSON file. The containers are copied into plain dicts and lists, and
+    ``nprocs`` and ``host_names`` are derived from ``hosts``.
     """
 
-    hosts: int | Sequence[str] = 4
-    devices_per_host: int = 2
-    launcher: str = DEFAULT
-    cache_dir: str | None = None
-    register_timeout: float | None = None
-    init_timeout: float = 60.0
-    env: Mapping[str, str] | None = None
-    process_env: Mapping[int, Mapping[str, str]] | None = None
-    heartbeat_timeout: float | None = 10.0
-    recoverable: bool = True
-    secure: bool = True
-    ca_file: str | None = None
-    cert_dir: str | None = None
-    addresses: Sequence[str] | None = None
-    controller_ip: str | None = None
-    process_prefix: Mapping[int, Sequence[str]] | None = None
-    telemetry: bool = True
-    launcher_options: Mapping[str, Any] | None = None
+    hosts: int | Sequence[str] = option(
+        4,
+        "Number of processes, or host names (one process each) for launchers that place "
+        "processes on named hosts.",
+        Flag(
+            "--hosts",
+            f"number of processes, or host1,host2,... for ssh (default ${contract.HOSTS}, else 4)",
+            {"type": opts.hosts, "metavar": "HOSTS"},
+        ),
+        doc_type="int or sequence of str",
+    )
+    devices_per_host: int = option(
+        2,
+        "CPU devices each process simulates (--xla_force_host_platform_device_count); "
+        "ignored on accelerator hosts, where the hardware decides.",
+        Flag(
+            "--devices-per-host",
+            f"CPU devices per process (default ${contract.DEVICES_PER_HOST}, else 2)",
+            {"type": int, "metavar": "D"},
+        ),
+        doc_type="int",
+    )
+    launcher: str = option(
+        DEFAULT,
+        "How processes are started: a name from launcher_names(); the default starts them "
+        "on this machine.",
+        Flag(
+            "--launcher",
+            f"how processes are started (default ${contract.LAUNCHER}, else {DEFAULT})",
+            {"choices": launcher_names},
+        ),
+        doc_type="str",
+    )
+    cache_dir: str | None = option(
+        None,
+        "Persistent compilation cache directory of every process; by default "
+        "$JAX_COMPILATION_CACHE_DIR or one per user and jaxlib version (default_cache_dir()); "
+        '"none" for no cache.',
+        Flag(
+            "--cache-dir",
+            "persistent compilation cache directory (default: one per user and jaxlib; none: off)",
+            {"metavar": "DIR"},
+        ),
+        doc_type="str",
+    )
+    register_timeout: float | None = option(
+        None,
+        "Seconds allowed for every engine to register; by default it grows with the number "
+        "of processes (default_register_timeout()).",
+        Flag(
+            "--register-timeout",
+            "seconds allowed for every process to register (default: 60 + 0.5 per process)",
+            {"type": opts.seconds, "metavar": "SECONDS"},
+        ),
+        doc_type="float",
+    )
+    init_timeout: float = option(
+        60.0,
+        "Seconds allowed for jax.distributed.initialize.",
+        Flag(
+            "--init-timeout",
+            "seconds allowed for jax.distributed.initialize (default 60)",
+            {"type": opts.seconds, "metavar": "SECONDS"},
+        ),
+        doc_type="float",
+    )
+    env: Mapping[str, str] | None = option(
+        None,
+        "Extra environment variables for every process.",
+        Flag(
+            "--env",
+            "an environment variable for every process",
+            {"action": "append", "metavar": "KEY=VALUE"},
+            convert=opts.pairs("--env"),
+        ),
+        doc_type="mapping of str to str",
+    )
+    process_env: Mapping[int, Mapping[str, str]] | None = option(
+        None,
+        "Extra environment variables for single processes, by rank.",
+        doc_type="mapping of int to mapping",
+    )
+    heartbeat_timeout: float | None = option(
+        10.0,
+        "Seconds without heartbeats after which JAX declares a process dead (JAX's own "
+        "default is 100); None for JAX's default.",
+        Flag(
+            "--heartbeat",
+            "seconds without heartbeats before JAX declares a process dead (default 10)",
+            {"type": opts.seconds, "metavar": "SECONDS"},
+        ),
+        doc_type="float",
+    )
+    recoverable: bool = option(
+        True,
+        "Run JAX with jax_enable_recoverability: when a process dies the others keep "
+        "running, and a restarted process can rejoin. Without it, one death takes every "
+        "process down.",
+        Flag(
+            "--no-recoverability",
+            "JAX without recoverability: when one process dies the others are stopped too",
+            {"action": "store_false"},
+        ),
+        doc_type="bool",
+    )
+    secure: bool = option(
+        True,
+        "Mutual TLS for JAX's coordination service (certificates from a per-cluster CA) and "
+        "CurveZMQ for ipyparallel's control channel.",
+        Flag("--insecure", "no mTLS, no CurveZMQ (not recommended)", {"action": "store_false"}),
+        doc_type="bool",
+    )
+    ca_file: str | None = option(
+        None,
+        "Your own CA certificate, which signed the certificates in cert_dir.",
+        Flag("--ca-file", "your own CA certificate, with --cert-dir", {"metavar": "PEM"}),
+        doc_type="str",
+    )
+    cert_dir: str | None = option(
+        None,
+        "A directory with process-<i>.pem and process-<i>.key for every process, signed by "
+        "ca_file.",
+        Flag(
+            "--cert-dir",
+            "directory with process-<i>.pem/.key signed by --ca-file",
+            {"metavar": "DIR"},
+        ),
+        doc_type="str",
+    )
+    addresses: Sequence[str] | None = option(
+        None,
+        "The network address of each process's host, for launchers that place processes "
+        "(loopback by default); process 0's carries the coordination service, and each goes "
+        "into that process's certificate.",
+        Flag(
+            "--addresses",
+            "each process's network address, A0,A1,... (default: loopback)",
+            {"type": opts.words, "metavar": "A0,A1,..."},
+        ),
+        doc_type="sequence of str",
+    )
+    controller_ip: str | None = option(
+        None,
+        "Where the ipyparallel controller listens (loopback for local clusters).",
+        Flag("--controller-ip", "where the ipyparallel controller listens", {"metavar": "IP"}),
+        doc_type="str",
+    )
+    process_prefix: Mapping[int, Sequence[str]] | None = option(
+        None,
+        "For launchers that place processes: a command prefix per process, by rank, e.g. "
+        '["taskset", "-c", "0"].',
+        doc_type="mapping of int to sequence of str",
+    )
+    telemetry: bool = option(
+        True,
+        "Run an agent in every process that streams heartbeats and compilation-cache events "
+        "to the kernel.",
+        Flag("--no-telemetry", "no telemetry agent in the processes", {"action": "store_false"}),
+        doc_type="bool",
+    )
+    launcher_options: Mapping[str, Any] | None = option(
+        None,
+        'Settings of the launcher, by name, e.g. {"ssh_args": ["-i", "key"]}; for '
+        "ssh, remote_python defaults to this Python's path.",
+        Flag("--partition", "Slurm: the partition to queue in", {"metavar": "P"}, "partition"),
+        Flag("--time", "Slurm: the job's time limit, e.g. 30:00", {"metavar": "T"}, "time"),
+        Flag("--account", "Slurm: the account charged", {"metavar": "A"}, "account"),
+        Flag(
+            "--sbatch-arg",
+            "Slurm: one more sbatch option, e.g. --sbatch-arg=--ntasks-per-node=1",
+            {"action": "append", "metavar": "ARG"},
+            "sbatch_args",
+        ),
+        Flag(
+            "--hostfile",
+            "MPI: spread the ranks over the hosts F names",
+            {"metavar": "F"},
+            "hostfile",
+        ),
+        doc_type="mapping",
+    )
+    standby: int | None = option(
+        None,
+        "Processes kept booted (Python, IPython, ipyparallel and JAX imported) to replace the "
+        "world's at a restart; default: one world's worth when processes run on this machine "
+        f"and memory allows, 0 for remote launchers. ${STANDBY_VARIABLE} gives it when unset.",
+        Flag(
+            "--standby",
+            "processes kept booted (Python, IPython, ipyparallel and JAX imported) to replace "
+            "the world's at a restart; default: one world's worth when processes run on this "
+            f"machine and memory allows, 0 for remote launchers (${STANDBY_VARIABLE})",
+            {"type": int, "metavar": "N"},
+        ),
+        doc_type="int",
+    )
     nprocs: int = field(init=False)
     host_names: list[str] | None = field(init=False)
     kind: type = field(init=False, repr=False, compare=False)
+    # The options as they were given, before any default was filled in (see to_dict).
+    _given: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self._given = {f.name: getattr(self, f.name) for f in opts.declared(type(self))}
         self.kind = launcher_class(self.launcher)
+        self._check_standby()
         self._check_hosts()
         if self.register_timeout is None:
             self.register_timeout = default_register_timeout(self.nprocs)
@@ -91,6 +280,25 @@ class ClusterConfig:
         self._check_placement()
         self._check_launcher_options()
         self.process_prefix = {int(k): list(v) for k, v in (self.process_prefix or {}).items()}
+
+    def _check_standby(self) -> None:
+        if self.standby is None:
+            raw = os.environ.get(STANDBY_VARIABLE, "").strip()
+            if not raw:
+                return
+            try:
+                self.standby = int(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"${STANDBY_VARIABLE}={raw!r} is not a whole number of processes; "
+                    "set it to e.g. 2, 0 for no standby, or unset it for the default"
+                ) from None
+            if self.standby < 0:
+                raise ConfigError(f"${STANDBY_VARIABLE}={raw!r} must be 0 or more processes")
+        elif isinstance(self.standby, bool) or not isinstance(self.standby, int):
+            raise ConfigError(f"standby must be a whole number of processes, got {self.standby!r}")
+        elif self.standby < 0:
+            raise ConfigError(f"standby must be 0 or more processes, got {self.standby}")
 
     def _check_hosts(self) -> None:
         if isinstance(self.hosts, int):
@@ -163,6 +371,79 @@ class ClusterConfig:
         """The environment process ``rank`` would see from the user's side: this process's
         own, then ``env``, then its ``process_env``."""
         return {**os.environ, **self.env, **self.process_env.get(rank, {})}
+
+    # -- the other forms of the options --------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as they were given, in JSON's types, without those left at their
+        declared default.
+
+        What is derived (the default cache directory, the registration deadline that grows
+        with ``hosts``) is derived again on loading, so a saved file is one layer of
+        settings: what it names wins over the layers below, the rest stays theirs.
+        """
+        return opts.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any], where: str = "the options") -> ClusterConfig:
+        """The config of ``options`` (as :meth:`to_dict` writes them), checked name by name
+        and value by value; ``where`` names their source in errors.
+
+        Raises
+        ------
+        ConfigError
+            For an unknown option (naming it, the closest known one and ``where``), a value
+            of the wrong type, or an option that cannot work.
+        """
+        return cls(**opts.checked(cls, options, where))
+
+    def to_file(self, path: str | os.PathLike) -> None:
+        """Save :meth:`to_dict` as JSON in ``path``."""
+        opts.write_file(path, self.to_dict())
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> ClusterConfig:
+        """The config saved by :meth:`to_file`.
+
+        Raises
+        ------
+        ConfigError
+            Naming the file, for one that cannot be read, is not a JSON object, or names an
+            unknown option (and the option).
+        """
+        return cls.from_dict(opts.read_file(path), where=os.fspath(path))
+
+    @classmethod
+    def of(cls, config: ClusterConfig | None, options: Mapping[str, Any], where: str):
+        """``config`` with ``options`` replacing its own, or ``options`` alone.
+
+        Raises
+        ------
+        UnknownOptionError
+            A ``TypeError`` (and a ConfigError) naming the unknown name and the known ones.
+        """
+        opts.check_names(options, [f.name for f in opts.declared(cls)], where)
+        if config is None:
+            return cls(**options)
+        return cls(**{**config._given, **options})
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add a flag for every option typed on command lines to ``parser``."""
+        for flag, kwargs in opts.flag_arguments(cls):
+            parser.add_argument(flag, **kwargs)
+
+    @classmethod
+    def given(cls, args: argparse.Namespace) -> dict[str, Any]:
+        """The options a command line parsed by :meth:`add_arguments`'s flags gave."""
+        return opts.given_options(cls, args)
+
+
+ClusterConfig.__doc__ += textwrap.indent(
+    f"\n{opts.parameters_doc(ClusterConfig)}\n\nRaises\n------\nConfigError\n"
+    "    For any option that cannot work, with what to give instead.\n",
+    "    ",
+)
 
 
 def default_cache_dir() -> str:

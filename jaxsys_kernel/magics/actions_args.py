@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument
 from IPython.utils.process import arg_split
 from IPython.utils.text import DollarFormatter
+
+from .._ranges import parse_procs
+from ..cluster.config import ClusterConfig
+from ..cluster.options import flag_arguments
+from ..cluster.options import seconds as seconds  # the magics' seconds are the options' own
 
 # Longest magic line accepted. A real line is a few hundred characters (a long ssh host
 # list is under 2 KB); IPython's ``$var`` / ``{expr}`` expansion is quadratic in the
@@ -72,19 +77,6 @@ def split(line: str) -> list[str]:
         raise UsageError(f"cannot read the options: {e} in {line.strip()!r}") from None
 
 
-def seconds(text: str) -> float:
-    """A finite, positive number of seconds (an argparse ``type``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
 def count(text: str) -> int:
     """A whole number of at least 1 (an argparse ``type``)."""
     try:
@@ -125,6 +117,34 @@ def rank(text: str) -> int:
         return int(text.removeprefix("p"))
     except ValueError:
         raise UsageError(f"expected a process number such as 2, got {text!r}") from None
+
+
+def processes(session, process: str | None, procs: str | None, magic: str) -> list[int] | None:
+    """The processes a line names, as ``P`` (``2``, ``p2``) or as ``--procs 1,3-4``; None
+    when it names none.
+
+    Raises
+    ------
+    UsageError
+        When it names them both ways, or ``--procs`` is no selection of this cluster's.
+    """
+    if process is not None and procs is not None:
+        raise UsageError(f"{magic}: name the processes as P or with --procs, not both")
+    if procs is None:
+        return None if process is None else [rank(process)]
+    cluster = session.cluster if session.cluster is not None else session.require_cluster()
+    try:
+        return parse_procs(procs, cluster.nprocs)
+    except ValueError as e:
+        raise UsageError(f"{magic} --procs: {e}") from None
+
+
+def cluster_arguments(func: Callable) -> Callable:
+    """Add a flag for every cluster option :class:`ClusterConfig` declares to a
+    ``magic_arguments`` function (place it first among its ``@argument`` lines)."""
+    for flag, kwargs in reversed(flag_arguments(ClusterConfig)):
+        func = argument(flag, **kwargs)(func)
+    return func
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
