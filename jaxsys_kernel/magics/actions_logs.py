@@ -1,4 +1,4 @@
-"""``%jaxsys logs``: what native code wrote on one process, kept out of the cells."""
+"""``%jaxsys logs``: what native code wrote on a process, kept out of the cells."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import argparse
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .._ranges import format_procs
+from .._ranges import format_procs, parse_procs
 from ..engine.registry import engine_module
 from .actions_args import count, rank
 
-__all__ = ["LOGS_TIMEOUT", "logs", "process_log"]
+__all__ = ["LOGS_NEEDS", "LOGS_TIMEOUT", "logs", "process_log"]
+
+LOGS_NEEDS = "%jaxsys logs needs a process, e.g. %jaxsys logs 0"
 
 # Seconds a process may take to send its log before %jaxsys logs gives up on it (it may be
 # stuck in an earlier cell, and the kernel must not wait for it forever).
@@ -21,14 +23,18 @@ output = engine_module("output")
 
 
 @magic_arguments("jaxsys logs")
-@argument("process", metavar="P", help="the process whose log to show, e.g. 2 or p2")
+@argument("process", nargs="?", metavar="P", help="the process whose log to show, e.g. 2 or p2")
+@argument(
+    "--procs", default=None, help="the processes whose logs to show, e.g. 2 or 1,3-4 (instead of P)"
+)
 @argument("--tail", type=count, default=40, metavar="N", help="how many of the last lines to show")
 def logs(session, args: argparse.Namespace) -> None:
-    """Show the end of one process's native log.
+    """Show the end of a process's native log.
 
     Native code (gloo, XLA, gRPC, absl) writes chatter, such as gloo's connection
     messages and gRPC's INFO records, that is kept out of cell output; each process keeps
-    it in a log of its own, and this shows its last lines.
+    it in a log of its own, and this shows its last lines. ``--procs`` names the processes
+    as the other actions do; with several, each log follows its process's name.
 
     Examples
     --------
@@ -36,10 +42,35 @@ def logs(session, args: argparse.Namespace) -> None:
 
         %jaxsys logs 0
         %jaxsys logs 2 --tail 200
+        %jaxsys logs --procs 1,3
     """
-    text = process_log(session, args.process, args.tail)
+    if args.process is None and args.procs is None:
+        raise UsageError(LOGS_NEEDS)
+    if args.procs is None:
+        _print_log(args.process, process_log(session, args.process, args.tail))
+        return
+    if args.process is not None:
+        raise UsageError("%jaxsys logs: name the processes as P or with --procs, not both")
+    ranks = _selection(session, args.procs)
+    # Every log is read before any is shown: a process that cannot answer fails the line.
+    texts = {r: process_log(session, str(r), args.tail) for r in ranks}
+    for r, text in texts.items():
+        if len(ranks) > 1:
+            print(f"[{format_procs([r])}]")
+        _print_log(str(r), text)
+
+
+def _selection(session, procs: str) -> list[int]:
+    nprocs = session.require_cluster().nprocs
+    try:
+        return parse_procs(procs, nprocs)
+    except ValueError as e:
+        raise UsageError(f"%jaxsys logs --procs: {e}") from None
+
+
+def _print_log(process: str, text: str) -> None:
     if not text:
-        print(f"jaxsys: process {rank(args.process)} has no native log lines yet")
+        print(f"jaxsys: process {rank(process)} has no native log lines yet")
     else:
         print(text, end="" if text.endswith("\n") else "\n")
 
