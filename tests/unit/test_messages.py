@@ -13,19 +13,9 @@ from jaxsys_kernel.magics.actions_args import check_options, did_you_mean
 from jaxsys_kernel.magics.actions_help import plain_text
 from jaxsys_kernel.magics.magics import JaxSysMagics
 
-
-class FakeSession:
-    """Records the session calls the magics make (none, when a line is refused)."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-        self.spmd = False
-
-    def __getattr__(self, name):
-        def call(*args, **kwargs):
-            self.calls.append((name, args, kwargs))
-
-        return call
+# Built from MultihostSession's signatures (tests/unit/test_fakes.py checks it): it records
+# the calls the magics make, none when a line is refused.
+from ..fakes import FakeSession
 
 
 @pytest.fixture(scope="module")
