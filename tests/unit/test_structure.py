@@ -86,6 +86,16 @@ def test_every_top_level_module_sits_in_a_layer():
     assert not any("ignore_imports" in c for c in contracts), "the contracts need no exceptions"
 
 
+def test_every_data_module_is_on_a_side():
+    # data/ is split: the planner's modules are kernel-side, the loaders engine-side.
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = {c["id"]: c for c in config["tool"]["importlinter"]["contracts"]}
+    sides = set(contracts["kernel-side-no-jax"]["source_modules"])
+    sides |= set(contracts["engine-not-kernel-side"]["source_modules"])
+    modules = {f"jaxsys_kernel.data.{p.stem}" for p in (PACKAGE / "data").glob("[!_]*.py")}
+    assert modules - sides == set(), "data modules on neither side of the import contracts"
+
+
 # -- Cluster.call ---------------------------------------------------------------------------
 
 
