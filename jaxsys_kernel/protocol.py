@@ -5,13 +5,26 @@ The ``jaxsys`` comm (:mod:`jaxsys_kernel.kernel.comm`) and the extension's
 a front end may send, and the states a process is shown in. A unit test parses the
 TypeScript file and compares it with these declarations, so a change on one side that the
 other lacks fails the suite instead of a user's sidebar.
+
+One vocabulary: the *cluster* is ``ready`` (or starting, restarting, out of step, degraded,
+stopped: :mod:`jaxsys_kernel.magics.health`), and each of its *processes* is in a
+:class:`ProcessState`, ``alive`` when usable. The cluster's own records
+(:mod:`jaxsys_kernel.cluster.records`) call a usable process ``ready``; :func:`shown_state`
+is the one place that word becomes ``alive``, and ``ProcessState("ready")`` reads it too.
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["ACTIONS", "RANK_ACTIONS", "SCHEMA_VERSION", "ProcessState", "version_mismatch"]
+__all__ = [
+    "ACTIONS",
+    "RANK_ACTIONS",
+    "SCHEMA_VERSION",
+    "ProcessState",
+    "shown_state",
+    "version_mismatch",
+]
 
 #: The comm's schema version; the front end sends its own in the open message.
 SCHEMA_VERSION = 1
@@ -46,6 +59,53 @@ class ProcessState(enum.StrEnum):
     STARTING = "starting"
     #: No heartbeat yet, or telemetry is not receiving.
     UNKNOWN = "unknown"
+
+    @classmethod
+    def _missing_(cls, value: object) -> ProcessState | None:
+        # The cluster's records word two states their own way; readers of those words
+        # (``ProcessState("ready")``) get the shown state rather than a ValueError.
+        return _RECORD_WORDS.get(value)  # type: ignore[arg-type]
+
+
+#: The cluster's words for a process (``ProcessInfo.state``) that differ from the shown ones.
+_RECORD_WORDS = {"ready": ProcessState.ALIVE, "failed": ProcessState.DEAD}
+
+
+def shown_state(record: str | None, heartbeat: ProcessState | None = None) -> ProcessState:
+    """The state a process is shown in, from the cluster's record and its heartbeats.
+
+    The one translation between the cluster's word for a process and the views' word:
+    the telemetry hub and the comm (without telemetry) both call it.
+
+    Parameters
+    ----------
+    record : str or None
+        The cluster's state for the process: ``starting``, ``ready``, ``restarting`` or
+        ``dead`` (None, or an unknown word, counts as ``ready``: the heartbeats decide).
+    heartbeat : ProcessState, optional
+        What its heartbeats say (``alive``, ``stuck``, ``dead`` or ``unknown``); None
+        without telemetry, when the record is all there is.
+
+    Returns
+    -------
+    ProcessState
+
+    Examples
+    --------
+    >>> shown_state("ready"), shown_state("ready", ProcessState.STUCK)
+    (<ProcessState.ALIVE: 'alive'>, <ProcessState.STUCK: 'stuck'>)
+    """
+    try:
+        said = ProcessState(record)
+    except ValueError:
+        said = ProcessState.ALIVE
+    if heartbeat is None or said in (ProcessState.DEAD, ProcessState.RESTARTING):
+        return said
+    if said is ProcessState.STARTING:
+        # Heartbeats start before the kernel has seen the process join: until then it is
+        # not usable, whatever its (or its predecessor's) beats say.
+        return ProcessState.RESTARTING
+    return heartbeat
 
 
 #: States that turn the status bar to its warning colour.

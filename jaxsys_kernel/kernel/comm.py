@@ -37,6 +37,7 @@ from .. import _compat, protocol
 from .._version import __version__
 from ..errors import ProtocolError
 from ..magics.controls import ALIASES, CONTROLS, RANK_CONTROLS
+from ..magics.dashboard_wiring import launch_counts, process_liveness
 from ..magics.health import health
 from ..telemetry import aggregate
 
@@ -96,13 +97,14 @@ def parse_command(data: Any) -> tuple[str, int | None, str]:
 
 def _process_rows(cluster, lives: dict) -> list[dict]:
     rows = []
+    incarnation, restarts = launch_counts(cluster)
     for p in cluster.processes:
         live = lives.get(p.rank)
         if live is not None:
             state, age, busy = live.state, live.heartbeat_age, live.busy
         else:
             # No telemetry: the cluster's own view is all there is.
-            state, age, busy = ("alive" if p.state == "ready" else p.state), None, False
+            state, age, busy = protocol.shown_state(p.state).value, None, False
         rows.append(
             {
                 "rank": p.rank,
@@ -113,6 +115,10 @@ def _process_rows(cluster, lives: dict) -> list[dict]:
                 "heartbeat_age": age,
                 "busy": busy,
                 "error": p.died,
+                # Which launch this process is: the world's incarnation, and how often the
+                # process was restarted alone since the cluster started.
+                "incarnation": live.incarnation if live is not None else incarnation,
+                "restarts": restarts.get(p.rank, 0),
             }
         )
     return rows
@@ -153,7 +159,8 @@ def cluster_state(session, *, cell_running: bool = False, group: int | None = No
         ``cluster``: None when no cluster
         runs, else ``state`` (``starting``, ``ready``, ``restarting``), ``nprocs``,
         ``alive``, ``devices``, ``live_devices``, ``warning`` (a process is dead or stuck),
-        ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy, error; above
+        ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy, error,
+        incarnation, restarts; above
         ``ROWS_UP_TO`` processes only those of the open ``group``), ``summary`` (None up to
         ``ROWS_UP_TO`` processes, else by state, by group and by error), ``cache``
         (totals and ``hit_rate``, None without telemetry), ``security`` and
@@ -173,8 +180,7 @@ def cluster_state(session, *, cell_running: bool = False, group: int | None = No
     hub = cluster.telemetry
     lives = {}
     if hub is not None and cluster.processes:
-        states = {p.rank: p.state for p in cluster.processes}
-        lives = {live.rank: live for live in hub.liveness(states)}
+        lives = {live.rank: live for live in process_liveness(cluster)}
     rows = _process_rows(cluster, lives)
     said = health(cluster, getattr(session, "broken", None), {r["rank"]: r["state"] for r in rows})
     out["health"] = said.to_dict()

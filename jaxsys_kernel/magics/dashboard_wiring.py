@@ -16,6 +16,30 @@ def _short_notice(line: str) -> str:
     return line.removeprefix("jaxsys: the coordination service ").split(". The cluster")[0]
 
 
+def launch_counts(cluster) -> tuple[int, dict[int, int]]:
+    """The world's incarnation and, per process, how often it was restarted alone.
+
+    A process restarted alone joins the same world, so its incarnation stays; the restart
+    count is what tells it from its predecessor (both zero for a cluster that keeps none).
+    """
+    world = getattr(cluster, "world", None)
+    if world is None:
+        return 0, {}
+    return world.incarnation, dict(world.rank_restarts)
+
+
+def process_liveness(cluster) -> list:
+    """Each process's Liveness from the cluster's telemetry, with its restart count.
+
+    The one reading of liveness that the dashboard and the sidebar's comm share.
+    """
+    _, restarts = launch_counts(cluster)
+    lives = cluster.telemetry.liveness({p.rank: p.state for p in cluster.processes})
+    for live in lives:
+        live.restarts = restarts.get(live.rank, 0)
+    return lives
+
+
 class DashboardWiring:
     """The dashboard and the summaries it shows (a part of
     :class:`~jaxsys_kernel.magics.session.MultihostSession`)."""
@@ -47,7 +71,7 @@ class DashboardWiring:
 
         def refresh(h) -> None:
             cluster.refresh_states()
-            lives = h.liveness({p.rank: p.state for p in cluster.processes})
+            lives = process_liveness(cluster)
             changes = []
             for live in lives:
                 if previous.get(live.rank) != live.state:
@@ -74,6 +98,14 @@ class DashboardWiring:
         self.dashboard = dash
         self._unsubscribe = hub.subscribe(refresh, max_rate=max_rate)
         return dash
+
+    def _forget_summaries(self) -> None:
+        """Drop the mesh and sharding of a world that is gone (a new cluster or a world
+        restart): their devices no longer exist, so the dashboard must not keep drawing them."""
+        self.last_summaries.clear()
+        if self.dashboard is not None:
+            # Empty summaries draw the views' "nothing displayed yet" state.
+            self.dashboard.update(mesh={}, sharding={})
 
     def _remember_summary(self, summary: dict) -> None:
         self.last_summaries[summary.get("kind", "")] = summary

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .. import contract
+from ..protocol import ProcessState, shown_state
 from . import schema
 from .refusals import explain_refusal
 
@@ -178,24 +179,20 @@ class TelemetryHub:
         with self._lock:
             for r in range(self.nprocs):
                 beat = self._beats.get(r)
-                cluster_state = (states or {}).get(r, "ready")
                 age = None if beat is None else max(0.0, now - beat["recv"])
-                if cluster_state in ("dead", "restarting"):
-                    state = cluster_state
-                elif cluster_state == "starting":
-                    # Heartbeats start before the kernel has seen the process join: until
-                    # then it is not usable, whatever its (or its predecessor's) beats say.
-                    state = "restarting"
-                elif beat is None or not receiving:
-                    state = "unknown"
+                if beat is None or not receiving:
+                    heard = ProcessState.UNKNOWN
                 elif age > LATE_AFTER_INTERVALS * self.interval:
-                    state = "stuck" if beat["busy"] else "dead"
+                    heard = ProcessState.STUCK if beat["busy"] else ProcessState.DEAD
                 else:
-                    state = "alive"
+                    heard = ProcessState.ALIVE
+                # The cluster's record (none: the heartbeats decide) and the heartbeats, in
+                # the views' one vocabulary.
+                state = shown_state((states or {}).get(r), heard)
                 out.append(
                     schema.Liveness(
                         rank=r,
-                        state=state,
+                        state=state.value,
                         heartbeat_age=age,
                         busy=bool(beat and beat["busy"]),
                         devices=list(beat["devices"]) if beat else [],

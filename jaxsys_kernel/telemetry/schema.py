@@ -357,6 +357,9 @@ class Liveness:
     busy: bool = False
     devices: list[int] = field(default_factory=list)
     incarnation: int = 0
+    #: Times the process was restarted alone since the cluster started (the kernel's count:
+    #: a process restarted alone rejoins the same incarnation).
+    restarts: int = 0
     #: Transfers its transfer guard logged so far, by direction (empty until it logs one).
     transfers: dict[str, int] = field(default_factory=dict)
 

@@ -170,7 +170,9 @@ def _live_table(liveness: list[dict]) -> tuple[list[str], list[list]]:
             "-" if p.get("heartbeat_age") is None else f"{p['heartbeat_age']:.1f}",
             "yes" if p.get("busy") else "no",
             ",".join(map(str, p.get("devices", []))) or "-",
-            p.get("incarnation", 0),
+            # A process restarted alone keeps the world's incarnation: say the restarts.
+            f"{p.get('incarnation', 0)}"
+            + (f" · restarted {p['restarts']}×" if p.get("restarts") else ""),
         ]
         if with_transfers:
             row.append(transfer_counts_text(p["transfers"]) if p.get("transfers") else "-")

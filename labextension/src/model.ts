@@ -3,7 +3,7 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { KernelLink } from './link';
-import { Action, IHealth, IReply, IState } from './protocol';
+import { Action, IHealth, IProcess, IReply, IState } from './protocol';
 
 /**
  * The jaxsys kernel of the current notebook, for the status item, sidebar and commands.
@@ -129,6 +129,18 @@ export function formatSeconds(seconds: number | null | undefined): string {
     return '-';
   }
   return seconds < 10 ? `${seconds.toFixed(1)} s` : `${Math.round(seconds)} s`;
+}
+
+/**
+ * Which launch of its process a row is: the world's incarnation, and the restarts of this
+ * process alone (which rejoin the same incarnation, so the incarnation alone cannot tell).
+ */
+export function launchText(p: IProcess): string {
+  const restarts = p.restarts ?? 0;
+  return (
+    `process ${p.rank} · incarnation ${p.incarnation ?? '-'}` +
+    (restarts ? ` · restarted alone ${restarts}× since the cluster started` : '')
+  );
 }
 
 /** A cache hit rate as a percentage, or a dash before any request. */

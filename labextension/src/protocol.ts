@@ -22,16 +22,32 @@ export type Action =
   | 'restart'
   | 'restart-world';
 
+/**
+ * The state a process is shown in (`ProcessState` in `jaxsys_kernel/protocol.py`). The
+ * cluster is `ready`; each of its processes is `alive` when usable.
+ */
+export type ProcessState =
+  | 'alive'
+  | 'stuck'
+  | 'dead'
+  | 'restarting'
+  | 'starting'
+  | 'unknown';
+
 /** One process, as the kernel sees it. */
 export interface IProcess {
   rank: number;
   host: string;
   pid: number | null;
   devices: number[];
-  /** `alive`, `stuck`, `dead`, `restarting`, `starting` or `unknown`. */
+  /** A {@link ProcessState}; typed as a string so that a newer kernel's word still shows. */
   state: string;
   heartbeat_age: number | null;
   busy: boolean;
+  /** The world's incarnation this process belongs to (absent from older kernels). */
+  incarnation?: number;
+  /** Times it was restarted alone since the cluster started (absent from older kernels). */
+  restarts?: number;
 }
 
 /** Compilation-cache totals over all processes. */

@@ -2,7 +2,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { formatRate, formatSeconds, healthOf, JaxsysModel } from './model';
+import { formatRate, formatSeconds, healthOf, JaxsysModel, launchText } from './model';
 import { Action, ICluster, IProcess, IReply } from './protocol';
 
 const ICON_SVG =
@@ -217,7 +217,9 @@ export class JaxsysSidebar extends Widget {
 
   private _fillRow(row: HTMLTableRowElement, p: IProcess, ready: boolean): void {
     const cells = row.cells;
-    cells[0].textContent = `p${p.rank}`;
+    // A process restarted alone keeps its world's incarnation: the row counts its restarts.
+    cells[0].textContent = `p${p.rank}${p.restarts ? ` ↻${p.restarts}` : ''}`;
+    cells[0].title = launchText(p);
     cells[1].textContent = p.host || '-';
     cells[2].textContent = p.devices.join(',') || '-';
     cells[3].textContent = p.busy && p.state === 'alive' ? 'alive (busy)' : p.state;

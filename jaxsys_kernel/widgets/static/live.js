@@ -68,7 +68,9 @@ function renderLive(model, root) {
     const colour = STATE_COLOURS[/** @type {keyof STATE_COLOURS} */ (state)] || STATE_COLOURS.unknown;
     const age = p.heartbeat_age;
     const tip = `process ${p.rank} · ${state} · heartbeat ${formatSeconds(age)} ago`
-      + ` · incarnation ${p.incarnation ?? 0}${p.busy ? " · busy" : ""}`
+      + ` · incarnation ${p.incarnation ?? 0}`
+      + (p.restarts ? ` · restarted alone ${p.restarts}× since the cluster started` : "")
+      + (p.busy ? " · busy" : "")
       + ` · devices ${formatRanges(p.devices || [], "", 8) || "—"}`;
     const devs = (p.devices || []).map((/** @type {number} */ d) =>
       h("i", { class: "jxs-dev", title: `device ${d} · ${tip}`, style: { background: colour } },
@@ -83,7 +85,8 @@ function renderLive(model, root) {
       h("span", { class: "jxs-state", style: { background: colour } }, [state]),
       h("span", { class: "jxs-age" + (age !== null && age !== undefined && age > 5 ? " jxs-late" : "") },
         [`♥ ${formatSeconds(age)}`]),
-      h("span", { class: "jxs-muted" }, [`inc ${p.incarnation ?? 0}${p.busy ? " · busy" : ""}`]),
+      h("span", { class: "jxs-muted" }, [`inc ${p.incarnation ?? 0}${p.restarts ? ` · restarted ${p.restarts}×` : ""}`
+        + (p.busy ? " · busy" : "")]),
       h("span", { class: "jxs-devs" }, devs),
       transfersText(p.transfers),
       controls ? h("span", { class: "jxs-controls" }, [
