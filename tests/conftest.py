@@ -101,6 +101,17 @@ def private_cache_home(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_standby_unless_asked():
+    """Clusters keep no standby unless a test asks (``standby=N``, ``--standby N``): on two
+    cores every cluster's standby would boot as many processes again behind each test."""
+    old = os.environ.get("JAXSYS_STANDBY")
+    os.environ.setdefault("JAXSYS_STANDBY", "0")
+    yield
+    if old is None:
+        os.environ.pop("JAXSYS_STANDBY", None)
+
+
 @pytest.fixture(scope="module")
 def tag():
     """A tag for this module's processes; after the module none may be left."""

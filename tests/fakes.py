@@ -144,7 +144,12 @@ class FakeSession(Fake, real=MultihostSession):
         super().__init__()
         self.spmd = False
         self.cluster = SimpleNamespace(
-            nprocs=2, security="mTLS (test)", pki=None, state="ready", job=lambda: None
+            nprocs=2,
+            security="mTLS (test)",
+            pki=None,
+            state="ready",
+            job=lambda: None,
+            standby_status=lambda: {"size": 0, "ready": 0, "booting": 0, "taken": 0, "note": None},
         )
 
     def kill_message(self, rank, signal_name, took):

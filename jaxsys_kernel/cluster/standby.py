@@ -244,6 +244,7 @@ class Standby:
             "size": self.size or 0,
             "ready": ready,
             "booting": len(self.spares) - ready,
+            "taken": self.last_taken,
             "note": self.note,
         }
 
@@ -258,6 +259,18 @@ class Standby:
                 if isinstance(pid, int) and pid > 1 and pid_alive(pid):
                     pids.append(pid)
         return pids
+
+
+def status_line(status: dict) -> str:
+    """``%jaxsys status``'s line on the standby (from :meth:`Standby.describe`)."""
+    size = status["size"]
+    if not size:
+        line = "standby: none (%jaxsys start --standby N keeps N processes booted for restarts)"
+    elif status["booting"]:
+        line = f"standby: {status['ready']} of {size} processes ready, {status['booting']} booting"
+    else:
+        line = f"standby: {status['ready']} of {size} processes ready for a restart"
+    return line + (f"; {status['note']}" if status.get("note") else "")
 
 
 def per_engine_bytes(processes) -> int:
