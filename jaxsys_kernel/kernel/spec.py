@@ -10,6 +10,7 @@ from pathlib import Path
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import contract
+from .logo import write_logos
 
 KERNEL_NAME = "jaxsys"
 
@@ -59,6 +60,8 @@ def install_kernel_spec(
         (Path(td) / "kernel.json").write_text(
             json.dumps(kernel_spec(hosts, devices_per_host), indent=2)
         )
+        # The launcher tile's and kernel picker's pictures, the same as share/'s.
+        write_logos(td)
         return KernelSpecManager().install_kernel_spec(
             td, kernel_name=KERNEL_NAME, user=user, prefix=None if user else prefix, replace=True
         )
