@@ -132,8 +132,10 @@ def coverage_problems(text: str, sources: dict[str, dict[str, str]]) -> list[str
 
     ``sources`` maps a notebook's number (``05b``) to its cells' sources by id. A row must
     have a known status; an n/a row must say why; a partly row must say what is missing;
-    every cited cell must exist; and each API the concept names must appear in one of the
-    cells the row cites (rows citing no cell, only documents, are left to the reader).
+    every cited cell must exist. A covered or partly row must cite a cell and its concept
+    must name at least one API in backticks, each of which must appear in one of the cited
+    cells: the whole dotted name, or at least its last two parts (``multihost_utils.x`` for
+    ``jax.experimental.multihost_utils.x``), so that a cell using another ``x`` does not count.
     """
     problems = []
     for concept, status, where in _coverage_rows(text):
@@ -149,12 +151,22 @@ def coverage_problems(text: str, sources: dict[str, dict[str, str]]) -> list[str
         absent = [f"{nb}:{cid}" for nb, cid in cited if cid not in sources.get(nb, {})]
         problems += [f"{concept}: no cell {a}" for a in absent]
         shown = "\n".join(sources.get(nb, {}).get(cid, "") for nb, cid in cited)
-        if status == "n/a" or not cited:
+        if status == "n/a":
             continue
-        for api in _API.findall(concept):
-            if api.split(".")[-1] not in shown:
+        if not cited:
+            problems.append(f"{concept}: {status} without a notebook cell")
+        apis = _API.findall(concept)
+        if not apis:
+            problems.append(f"{concept}: names no API in backticks")
+        for api in apis:
+            if not _api_shown(api, shown):
                 problems.append(f"{concept}: {api} appears in none of {where[:80]}")
     return problems
+
+
+def _api_shown(api: str, shown: str) -> bool:
+    """Whether ``api``, or at least its last two dotted parts, occurs in ``shown``."""
+    return api in shown or ".".join(api.split(".")[-2:]) in shown
 
 
 def coverage_counts(text: str) -> dict[str, dict[str, int]]:
@@ -192,9 +204,22 @@ def test_coverage_check_catches_overclaiming_rows():
     wrong_api = "| `jax.thread_guard` | covered | `07:tg-plain` |"
     assert "thread_guard appears in none" in coverage_problems(wrong_api, sources)[0]
     assert "no cell 07:tg-99" in coverage_problems("| x | covered | `07:tg-99` |", sources)[0]
-    vague = "| x | partly | `07:tg-plain` |"
+    # The whole dotted name, or its last two parts: another module's transfer_guard is not it.
+    other = "| `jax.experimental.fake.transfer_guard` | covered | `07:tg-plain` |"
+    assert "appears in none" in coverage_problems(other, sources)[0]
+    sources["08"] = {"mh-10": "mu = multihost_utils\nmultihost_utils.sync_global_devices('x')"}
+    tail = "| `jax.experimental.multihost_utils.sync_global_devices` | covered | `08:mh-10` |"
+    assert coverage_problems(tail, sources) == []
+    # A covered row must name an API and cite a cell that shows it.
+    assert "names no API" in coverage_problems("| it works | covered | `07:tg-plain` |", sources)[0]
+    uncited = "| `jax.transfer_guard` | covered | the README's `jax.transfer_guard` |"
+    assert "without a notebook cell" in coverage_problems(uncited, sources)[0]
+    vague = "| `jax.transfer_guard` | partly | `07:tg-plain` |"
     assert "what is missing" in coverage_problems(vague, sources)[0]
-    assert "status 'done'" in coverage_problems("| x | done | `07:tg-plain` |", sources)[0]
+    done = "| `jax.transfer_guard` | done | `07:tg-plain` |"
+    assert "status 'done'" in coverage_problems(done, sources)[0]
+    # n/a rows need a reason, not an API.
+    assert coverage_problems("| GPUs | n/a | needs GPUs, which this machine lacks |", sources) == []
 
 
 def test_prose_count_leaves_out_code():
