@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..engine.registry import engine_module
 from ..errors import ConfigError
 from .launchers.registry import describe, names_where
 from .teardown import pid_alive, sub_launchers
@@ -37,6 +38,10 @@ MEMORY_RESERVE_BYTES = 2 * 2**30
 # rest itself: they were started earlier than anything it could start now.
 BOOTING_WAIT_S = 20.0
 _POLL_S = 0.05
+# How long one question "have your imports finished?" may wait on a standby engine.
+BOOTED_ASK_S = 60.0
+
+bootstrap = engine_module("bootstrap")
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,8 @@ class Standby:
         # for an engine the cluster launched for a rank.
         self.reserved: set[int] = set()
         self._next_id: int | None = None
+        # Per standby engine id, its answer to "have your imports finished?".
+        self._booted: dict[int, object] = {}
 
     # -- size ------------------------------------------------------------------------------
 
@@ -191,9 +198,26 @@ class Standby:
     # -- taking ----------------------------------------------------------------------------
 
     def registered(self, world) -> set[int]:
-        """Ranks whose standby engine has registered with the controller."""
+        """Ranks whose standby engine is ready: registered with the controller, and done
+        with its start-up imports (``import jax`` goes on after the registration)."""
         ids = set(world.client.ids) if world.client is not None else set()
-        return {r for r, s in self.spares.items() if s.engine_id in ids}
+        ready = set()
+        for r, s in self.spares.items():
+            if s.engine_id not in ids:
+                continue
+            answer = self._booted.get(s.engine_id)
+            if answer is None:
+                # Asked once; the engine answers when its imports are done.
+                answer = world.client[s.engine_id].apply_async(bootstrap.wait_booted, BOOTED_ASK_S)
+                self._booted[s.engine_id] = answer
+            if not answer.done():
+                continue
+            if answer.exception() is None and answer.result():
+                ready.add(r)
+            else:
+                # Not booted within the question's wait (or it failed): ask again later.
+                del self._booted[s.engine_id]
+        return ready
 
     def _drop_dead(self, world) -> None:
         """Forget standby engines whose process has exited (killed from outside, or failed)."""
@@ -202,6 +226,7 @@ class Standby:
             es = ipp.engines.get(spare.set_id) if ipp is not None else None
             if es is None or any(getattr(s, "state", "") == "after" for s in sub_launchers(es)):
                 del self.spares[rank]
+                self._booted.pop(spare.engine_id, None)
                 if ipp is not None:
                     ipp.engines.pop(spare.set_id, None)
 
@@ -228,12 +253,16 @@ class Standby:
                 waited = True
             if done:
                 self.last_taken = len(ready)
-                return {r: self.spares.pop(r) for r in sorted(ready)}
+                taken = {r: self.spares.pop(r) for r in sorted(ready)}
+                for spare in taken.values():
+                    self._booted.pop(spare.engine_id, None)
+                return taken
             await asyncio.sleep(_POLL_S)
 
     def forget(self) -> None:
         """After a teardown (which killed them with the rest): keep nothing."""
         self.spares.clear()
+        self._booted.clear()
 
     # -- what the user sees ----------------------------------------------------------------
 

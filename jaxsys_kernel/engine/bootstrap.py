@@ -88,6 +88,13 @@ def describe_process() -> dict:
     }
 
 
+def wait_booted(timeout: float) -> bool:
+    """Whether this engine's start-up imports (``import jax`` among them, which runs on
+    after the engine has registered) have finished, waiting at most ``timeout`` seconds."""
+    early = _early
+    return early is not None and early.done.wait(timeout)
+
+
 def take_over(settings: dict[str, str]) -> dict:
     """Become the process a standby engine was kept for, then report who it is.
 

@@ -17,7 +17,9 @@ __all__ = ["ENGINE_FUNCTIONS", "EngineFunction", "engine_module"]
 
 # Every engine function the kernel side runs, by module (under jaxsys_kernel.engine).
 ENGINE_FUNCTIONS: dict[str, frozenset[str]] = {
-    "bootstrap": frozenset({"describe_process", "free_port", "initialize", "take_over"}),
+    "bootstrap": frozenset(
+        {"describe_process", "free_port", "initialize", "take_over", "wait_booted"}
+    ),
     "probes": frozenset(
         {"describe_value", "fetch_value", "complete", "inspect", "network_endpoints"}
     ),
