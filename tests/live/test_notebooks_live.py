@@ -28,6 +28,8 @@ EXPECTED = {
     ],
     "00-quickstart.ipynb": [
         "[p0-3] local devices: 2, devices in the world: 8",
+        # the mesh view's text form, beside its picture
+        "Mesh(x=8): 8 devices of processes p0-3; devices [0, 1, 2048, 2049, 4096",
         "[p0-3] sum: 48.0 mean: 1.5",
         "as expected: True",
         "JAX imported in the kernel: False",
@@ -205,7 +207,11 @@ EXPECTED = {
 
 # Pictures a saved notebook must show without widgets: the views' static PNG pictures (or a
 # data plan's SVG).
-STATIC_PICTURES = {"01-meshes-and-shardings.ipynb": 8, "06b-compilation-cache-dashboard.ipynb": 2}
+STATIC_PICTURES = {
+    "00-quickstart.ipynb": 1,
+    "01-meshes-and-shardings.ipynb": 8,
+    "06b-compilation-cache-dashboard.ipynb": 2,
+}
 
 
 def _svg_outputs(nb) -> int:
@@ -246,4 +252,3 @@ def test_notebook_runs(path, tag):
     )
     problems = clean_run_problems(nb, EXPLAINED.get(path.name, []))
     assert not problems, f"{path.name} is not a clean run:\n" + "\n".join(problems)
-
