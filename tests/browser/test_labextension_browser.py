@@ -343,6 +343,24 @@ ERROR_OUTPUTS_IN_MODEL = """() => {
 }"""
 
 
+# The mime types of the outputs of the quickstart's mesh cell (the one ending in `mesh`).
+MESH_OUTPUT_IN_MODEL = """() => {
+  const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+  for (let i = 0; i < cells.length; i++) {
+    const cell = cells.get(i);
+    if (cell.type !== 'code' || !cell.sharedModel.getSource().trimEnd().endsWith('\\nmesh')) {
+      continue;
+    }
+    const kinds = [];
+    for (let j = 0; j < cell.outputs.length; j++) {
+      kinds.push(...Object.keys(cell.outputs.get(j).data));
+    }
+    return kinds;
+  }
+  return null;
+}"""
+
+
 def test_quickstart_in_notebook7(tag, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
@@ -376,10 +394,19 @@ def test_quickstart_in_notebook7(tag, tmp_path):
                 wait_for(page, f"{SIDEBAR} .jaxsys-summary:has-text('no cluster')", 10)
                 screenshot(page, "notebook7-quickstart.png")
                 texts = page.evaluate("() => window.__jaxsysTexts")
-                assert any(t.startswith("jaxsys 4/4 · 8 devices") for t in texts), texts
+                # The first cluster's 4 processes x 2 devices, in words (labextension/src/model.ts).
+                ready = "jaxsys: ready · 4/4 processes alive · 8 devices"
+                assert any(t.startswith(ready) for t in texts), texts
                 # Counted in the notebook's model: cells scrolled out of view may not be drawn.
                 errors = page.evaluate(ERROR_OUTPUTS_IN_MODEL)
                 assert errors == raising, errors
+                # The mesh cell shows its picture: the view, and the PNG for saved copies.
+                kinds = page.evaluate(MESH_OUTPUT_IN_MODEL)
+                assert kinds and "image/png" in kinds, kinds
+                assert "application/vnd.jupyter.widget-view+json" in kinds, kinds
+                # The dashboard is on the second cluster: the first one's mesh is not shown.
+                dash = f"{OUTPUT}:has(.jxs-live) .jxs-empty:has-text('No mesh yet.')"
+                assert page.locator(dash).count() == 1
             except BaseException:
                 screenshot(page, "notebook7-failure.png")
                 print(lab.log_tail())
