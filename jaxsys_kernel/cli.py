@@ -14,21 +14,12 @@ from pathlib import Path
 
 from . import contract, saved
 from ._version import __version__
-from .cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
-from .cluster.launchers import launcher_names
+from .cluster.config import ClusterConfig
+from .cluster.options import OVERRIDES_VARIABLE, kernelspec_layer, merge_layers
 from .cluster.teardown import pid_alive
+from .errors import ConfigError
 
 STATE_DIR = Path(os.environ.get(contract.STATE_DIR, Path.home() / ".jaxsys" / "clusters"))
-
-
-def _hosts(text: str) -> int | list[str]:
-    """``--hosts``: a number of processes, or host names separated by commas."""
-    if text.isdigit():
-        return int(text)
-    names = [h for h in text.split(",") if h]
-    if not names:
-        raise argparse.ArgumentTypeError(f"give a number or host1,host2,...; got {text!r}")
-    return names
 
 
 def _state_file(name: str) -> Path:
@@ -92,7 +83,12 @@ def _ipc_prefix() -> str:
     return str(folder / f"jaxsys-run-{uuid.uuid4().hex[:12]}")
 
 
-def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: float = 600.0):
+def run_notebook(
+    path: str | os.PathLike,
+    output: str | None = None,
+    timeout: float = 600.0,
+    overrides: dict | None = None,
+):
     """Execute a notebook headless with the jaxsys kernel.
 
     Parameters
@@ -103,6 +99,10 @@ def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: fl
         Where to save the executed notebook.
     timeout : float
         Seconds allowed per cell.
+    overrides : dict, optional
+        Cluster options (as ``ClusterConfig`` names them) that win over the notebook's own
+        ``%jaxsys start`` line, e.g. ``{"hosts": 8}``: the notebook runs at another size
+        without being edited.
 
     Returns
     -------
@@ -130,8 +130,11 @@ def run_notebook(path: str | os.PathLike, output: str | None = None, timeout: fl
         timeout=timeout,
         resources={"metadata": {"path": str(Path(path).resolve().parent)}},
     )
+    env = dict(os.environ)
+    if overrides:
+        env[OVERRIDES_VARIABLE] = json.dumps(ClusterConfig.from_dict(overrides).to_dict())
     try:
-        client.execute()
+        client.execute(env=env)
     finally:
         if output:
             # Saved as Lab saves (no widget state): readers then show the views' pictures.
@@ -148,7 +151,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        nb = run_notebook(args.notebook, output=args.output, timeout=args.timeout)
+        nb = run_notebook(
+            args.notebook, output=args.output, timeout=args.timeout, overrides=_flags(args)
+        )
     except (CellExecutionError, CellTimeoutError) as e:
         print(f"jaxsys run: {args.notebook} failed:\n{e}", file=sys.stderr)
         return 1
@@ -166,12 +171,7 @@ def _serve_cluster(args: argparse.Namespace) -> int:
 
     state_file = _state_file(args.name)
     state_file.parent.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(
-        hosts=args.hosts,
-        devices_per_host=args.devices_per_host,
-        launcher=args.launcher,
-        cache_dir=args.cache_dir,
-    )
+    cluster = Cluster(config=cluster_config(args))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -198,6 +198,25 @@ def _serve_cluster(args: argparse.Namespace) -> int:
         if state.get("state") != "failed":
             state_file.unlink(missing_ok=True)
     return 0
+
+
+def _flags(args: argparse.Namespace) -> dict:
+    """The cluster options a command line gave with their flags."""
+    return ClusterConfig.given(args)
+
+
+def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    """The options of ``jaxsys cluster start``, in layers: the ``JAXSYS_*`` variables, then
+    the file ``--config`` names, then the flags.
+
+    Raises
+    ------
+    ConfigError
+        For an option that cannot work, or a file that cannot be used (naming it).
+    """
+    saved = ClusterConfig.from_file(args.config).to_dict() if args.config else {}
+    layers = kernelspec_layer(os.environ), saved, _flags(args)
+    return ClusterConfig.from_dict(merge_layers(*layers), where="jaxsys cluster start")
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
@@ -227,26 +246,18 @@ def _start_background(args: argparse.Namespace, state_file: Path) -> int:
             )
             return 1
         state_file.unlink()
+    try:
+        config = cluster_config(args)
+    except ConfigError as e:
+        print(f"jaxsys cluster start: {e}", file=sys.stderr)
+        return 2
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     log_path = STATE_DIR / f"{args.name}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "jaxsys_kernel.cli",
-        "cluster",
-        "start",
-        "--foreground",
-        "--name",
-        args.name,
-        "--hosts",
-        str(args.hosts) if isinstance(args.hosts, int) else ",".join(args.hosts),
-        "--launcher",
-        args.launcher,
-        "--devices-per-host",
-        str(args.devices_per_host),
-    ]
-    if args.cache_dir:
-        cmd += ["--cache-dir", args.cache_dir]
+    # The options travel as a saved file, so that the server starts exactly this cluster.
+    options_file = STATE_DIR / f"{args.name}.options.json"
+    config.to_file(options_file)
+    cmd = [sys.executable, "-m", "jaxsys_kernel.cli", "cluster", "start", "--foreground"]
+    cmd += ["--name", args.name, "--config", str(options_file)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + args.timeout
@@ -315,6 +326,11 @@ def _stop_background(name: str, pid: int | None) -> None:
 # -- entry point ---------------------------------------------------------------------------------
 
 
+def _option_group(parser: argparse.ArgumentParser, title: str) -> None:
+    """Every cluster option's flag, as ``ClusterConfig`` declares it."""
+    ClusterConfig.add_arguments(parser.add_argument_group(title))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``jaxsys`` command."""
     p = argparse.ArgumentParser(prog="jaxsys", description="Multi-controller JAX in Jupyter.")
@@ -330,20 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("notebook")
     run.add_argument("--output", default=None, help="save the executed notebook here")
     run.add_argument("--timeout", type=float, default=600.0, help="seconds per cell (default 600)")
+    _option_group(run, "cluster options, over the notebook's own %jaxsys start line")
 
     cl = sub.add_parser("cluster", help="a background cluster for scripts")
     cl.add_argument("action", choices=("start", "stop", "status"))
     cl.add_argument("--name", default="default")
-    cl.add_argument("--hosts", type=_hosts, default=4, help="a count, or host1,host2,...")
-    cl.add_argument(
-        "--launcher",
-        choices=launcher_names(),
-        default=DEFAULT_LAUNCHER,
-        help=f"how processes are started (default {DEFAULT_LAUNCHER})",
-    )
-    cl.add_argument("--devices-per-host", type=int, default=2)
-    cl.add_argument("--cache-dir", default=None)
     cl.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for start")
+    cl.add_argument(
+        "--config", default=None, metavar="FILE", help="options saved by ClusterConfig.to_file"
+    )
+    _option_group(cl, "cluster options (over $JAXSYS_* and --config)")
     cl.add_argument("--foreground", action="store_true", help="own the cluster in this process")
 
     from .job.cli import add_parser as add_job_parser

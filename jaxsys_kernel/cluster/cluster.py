@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import bringup, security, teardown
 from .calls import Calls, EngineCalls
 from .config import ClusterConfig
-from .launchers import DEFAULT as DEFAULT_LAUNCHER
 from .launchers import make_launcher, telemetry_addresses
 from .launchers.registry import describe, names_where
 from .loop import AsyncFirst
@@ -59,62 +58,17 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
 
     Parameters
     ----------
-    hosts : int or sequence of str
-        Number of processes, or host names (one process per entry) for ``ssh``.
-    devices_per_host : int
-        CPU devices each process simulates (``--xla_force_host_platform_device_count``);
-        ignored for accelerator hosts where the hardware decides.
-    launcher : str
-        A name from :func:`~jaxsys_kernel.cluster.launchers.launcher_names`; the default
-        starts processes on this machine. Remote ones use ipyparallel's launchers
-        of the same name.
-    cache_dir : str, optional
-        Persistent compilation cache directory for every process; by default
-        ``$JAX_COMPILATION_CACHE_DIR`` or one per user and jaxlib version
-        (:func:`~jaxsys_kernel.cluster.config.default_cache_dir`); ``"none"`` for no cache.
-    register_timeout : float, optional
-        Seconds allowed for every engine to register; by default it grows with the number
-        of processes (:func:`~jaxsys_kernel.cluster.config.default_register_timeout`).
-    init_timeout : float
-        Seconds allowed for ``jax.distributed.initialize``.
-    env : mapping, optional
-        Extra environment variables for every process.
-    process_env : mapping of int to mapping, optional
-        Extra environment variables for single processes, by rank.
-    heartbeat_timeout : float, optional
-        Seconds without heartbeats after which JAX declares a process dead (default 10;
-        JAX's own default is 100).
-    recoverable : bool
-        Run JAX with ``jax_enable_recoverability``: when a process dies the others keep
-        running (``live_devices`` tells them who is left) and a restarted process can
-        rejoin. Without it, one death takes every process down.
+    hosts, devices_per_host, launcher, **options
+        The cluster's options by name: :class:`~jaxsys_kernel.cluster.config.ClusterConfig`
+        declares each one once, with its type, default, meaning and command-line flag
+        (``hosts`` is the number of processes, or host names for launchers that place
+        them). A name it does not declare is a ``TypeError`` that names the known ones.
+    config : ClusterConfig, optional
+        Options made before, e.g. ``ClusterConfig.from_file(path)``; options given as well
+        replace its own.
     progress : callable, optional
         Called with a :class:`ProgressEvent` for every step of a long wait, on the thread
         that called the method. Defaults to a progress line on stdout.
-    secure : bool
-        Mutual TLS for JAX's coordination service (certificates from a per-cluster CA, with
-        ``verify_secure_credentials`` so a misconfiguration fails loudly) and CurveZMQ for
-        ipyparallel's control channel. On by default.
-    ca_file, cert_dir : str, optional
-        Bring your own CA: ``cert_dir`` holds ``process-<i>.pem`` and ``process-<i>.key``
-        for every process, signed by ``ca_file``.
-    addresses : sequence of str, optional
-        Local launcher only: the network address of each process's host (loopback by
-        default). Process 0's address carries the coordination service, and each address
-        goes into that process's certificate.
-    controller_ip : str, optional
-        Where the ipyparallel controller listens (loopback for local clusters).
-    process_prefix : mapping of int to sequence of str, optional
-        Local launcher only: a command prefix per process, e.g.
-        ``["ip", "netns", "exec", "ns0"]`` or ``["taskset", "-c", "0"]``.
-    telemetry : bool
-        Run an agent in every process that streams heartbeats and compilation-cache events
-        to ``self.telemetry`` (a :class:`~jaxsys_kernel.telemetry.hub.TelemetryHub`).
-    launcher_options : mapping, optional
-        Settings of the launcher (for most, ipyparallel's engine launcher of that kind),
-        by name, e.g. ``{"ssh_args": ["-i", "key"], "remote_python":
-        "/opt/venv/bin/python"}``. For ``ssh``, ``remote_python`` defaults to this
-        Python's path, which suits hosts that share its filesystem.
 
     Examples
     --------
@@ -125,48 +79,18 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
 
     def __init__(
         self,
-        hosts: int | Sequence[str] = 4,
-        devices_per_host: int = 2,
-        launcher: str = DEFAULT_LAUNCHER,
+        hosts: int | Sequence[str] | None = None,
+        devices_per_host: int | None = None,
+        launcher: str | None = None,
         *,
-        cache_dir: str | None = None,
-        register_timeout: float | None = None,
-        init_timeout: float = 60.0,
-        env: Mapping[str, str] | None = None,
-        process_env: Mapping[int, Mapping[str, str]] | None = None,
-        heartbeat_timeout: float | None = 10.0,
-        recoverable: bool = True,
+        config: ClusterConfig | None = None,
         progress: Callable[[ProgressEvent], None] | None = None,
-        secure: bool = True,
-        ca_file: str | None = None,
-        cert_dir: str | None = None,
-        addresses: Sequence[str] | None = None,
-        controller_ip: str | None = None,
-        process_prefix: Mapping[int, Sequence[str]] | None = None,
-        telemetry: bool = True,
-        launcher_options: Mapping[str, Any] | None = None,
+        **options: Any,
     ):
         super().__init__(progress)
-        self.config = ClusterConfig(
-            hosts=hosts,
-            devices_per_host=devices_per_host,
-            launcher=launcher,
-            cache_dir=cache_dir,
-            register_timeout=register_timeout,
-            init_timeout=init_timeout,
-            env=env,
-            process_env=process_env,
-            heartbeat_timeout=heartbeat_timeout,
-            recoverable=recoverable,
-            secure=secure,
-            ca_file=ca_file,
-            cert_dir=cert_dir,
-            addresses=addresses,
-            controller_ip=controller_ip,
-            process_prefix=process_prefix,
-            telemetry=telemetry,
-            launcher_options=launcher_options,
-        )
+        leading = {"hosts": hosts, "devices_per_host": devices_per_host, "launcher": launcher}
+        given = {k: v for k, v in leading.items() if v is not None}
+        self.config = ClusterConfig.of(config, {**given, **options}, "Cluster")
         # Chosen once: nothing else asks which kind of launcher this is.
         self._launcher = make_launcher(self.config)
         # Everything bring-up fills in and teardown empties.

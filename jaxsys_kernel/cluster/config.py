@@ -428,6 +428,13 @@ class ClusterConfig:
         return cls(**{**config._given, **options})
 
     @classmethod
+    def layered(cls, *layers: Mapping[str, Any] | None, environ=None) -> dict[str, Any]:
+        """``layers`` (lowest first, see :func:`~.options.merge_layers`) under the override
+        that ``jaxsys run`` hands its kernel in ``$JAXSYS_OVERRIDES``."""
+        top = opts.overrides_from(os.environ if environ is None else environ, cls)
+        return opts.merge_layers(*layers, top)
+
+    @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Add a flag for every option typed on command lines to ``parser``."""
         for flag, kwargs in opts.flag_arguments(cls):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
 
 from .._ranges import format_procs
-from ..cluster.launchers import DEFAULT, launcher_class, launcher_names
+from ..cluster.config import ClusterConfig
+from ..cluster.launchers import DEFAULT, launcher_class
+from ..cluster.options import kernelspec_layer
+from ..errors import ConfigError
 from .program import from_notebook, render
 from .run import run_job
 
@@ -20,16 +24,22 @@ def add_parser(sub) -> None:
         help="turn a notebook into a multi-controller program, and run it as one job",
     )
     job.add_argument("notebook")
-    job.add_argument("--launcher", choices=launcher_names(), default=DEFAULT)
-    job.add_argument(
-        "--hosts", type=int, default=None, help="processes (default: the notebook's own)"
-    )
     job.add_argument("--out", default=None, help="directory for the job (default NOTEBOOK-job/)")
     job.add_argument("--submit", action="store_true", help="run it, and collate its output")
-    job.add_argument(
-        "--sbatch-arg", action="append", default=[], metavar="ARG", help="Slurm: sbatch option"
-    )
     job.add_argument("--timeout", type=float, default=1800.0, help="seconds the job may take")
+    ClusterConfig.add_arguments(
+        job.add_argument_group("cluster options, over the notebook's own %jaxsys start line")
+    )
+
+
+def _timeouts(options: dict) -> dict[str, float]:
+    """The program's JAX timeouts, from the cluster options where they give them."""
+    out = {}
+    if options.get("init_timeout"):
+        out["init_timeout"] = options["init_timeout"]
+    if options.get("heartbeat_timeout"):
+        out["heartbeat"] = options["heartbeat_timeout"]
+    return out
 
 
 def cmd_job(args: argparse.Namespace) -> int:
@@ -38,17 +48,27 @@ def cmd_job(args: argparse.Namespace) -> int:
     if not nb.is_file():
         print(f"jaxsys job: no such notebook: {nb}", file=sys.stderr)
         return 2
-    if args.hosts is not None and args.hosts < 1:
+    try:
+        prog = from_notebook(
+            nb, overrides=ClusterConfig.given(args), kernelspec=kernelspec_layer(os.environ)
+        )
+        launcher = launcher_class(prog.options.get("launcher", DEFAULT))
+    except ConfigError as e:
+        print(f"jaxsys job: {e}", file=sys.stderr)
+        return 2
+    if prog.hosts < 1:
         print("jaxsys job: --hosts must be at least 1", file=sys.stderr)
         return 2
-    prog = from_notebook(nb, hosts=args.hosts)
     out = Path(args.out or nb.with_name(nb.stem + "-job")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     program = out / "program.py"
-    program.write_text(render(prog, nb.name))
+    program.write_text(render(prog, nb.name, **_timeouts(prog.options)))
     try:
-        files, command = launcher_class(args.launcher).batch_job(
-            program, prog.hosts, out, {"sbatch_args": args.sbatch_arg}
+        files, command = launcher.batch_job(
+            program,
+            prog.hosts,
+            out,
+            {"sbatch_args": [], **prog.options.get("launcher_options", {})},
         )
     except NotImplementedError as e:
         print(f"jaxsys job: {e}", file=sys.stderr)

@@ -12,12 +12,18 @@ that the outputs can be collated per cell afterwards.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._ranges import parse_procs
+from ..cluster.config import ClusterConfig
+from ..cluster.options import merge_layers
+from ..errors import ConfigError
 
 # What the program prints (alone on a line) where a cell begins and where one failed.
 CELL_MARK = "\x1ejaxsys-cell "
@@ -48,25 +54,45 @@ class Cell:
 
 @dataclass
 class Program:
-    """What a notebook becomes: its cells, those left out, and its cluster's size."""
+    """What a notebook becomes: its cells, those left out, and its cluster's options.
+
+    ``options`` are the cluster options resolved in layers (the ``JAXSYS_*`` variables,
+    the notebook's ``%jaxsys start`` line, the override given to ``jaxsys job``), by
+    ``ClusterConfig``'s names; ``hosts`` and ``devices_per_host`` are read from them.
+    """
 
     cells: list[Cell] = field(default_factory=list)
     left_out: list[tuple[int, str]] = field(default_factory=list)
     hosts: int = 4
     devices_per_host: int = 2
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self, *layers: Mapping[str, Any] | None) -> None:
+        """Take the options of ``layers`` (lowest first), and the sizes they give."""
+        self.options = merge_layers(self.options, *layers)
+        hosts = self.options.get("hosts", self.hosts)
+        self.hosts = hosts if isinstance(hosts, int) else len(hosts)
+        self.devices_per_host = self.options.get("devices_per_host", self.devices_per_host)
 
 
-def _start_options(line: str) -> dict:
-    words = shlex.split(line)[2:]
-    opts = {}
-    for flag, key in (("--hosts", "hosts"), ("--devices-per-host", "devices_per_host")):
-        for i, w in enumerate(words):
-            value = w.split("=", 1)[1] if w.startswith(flag + "=") else None
-            if w == flag and i + 1 < len(words):
-                value = words[i + 1]
-            if value is not None and value.isdigit():
-                opts[key] = int(value)
-    return opts
+class _LineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would exit the process
+        raise ConfigError(message)
+
+
+def start_line_options(line: str) -> dict[str, Any]:
+    """The cluster options a ``%jaxsys start`` line gives, read with the flags that
+    ``%jaxsys start`` itself takes (``ClusterConfig``'s); its other flags are ignored.
+
+    Raises
+    ------
+    ConfigError
+        For a value a flag cannot take, e.g. ``--hosts two``.
+    """
+    parser = _LineParser(prog="%jaxsys start", add_help=False)
+    ClusterConfig.add_arguments(parser)
+    args, _ = parser.parse_known_args(shlex.split(line)[2:])
+    return ClusterConfig.given(args)
 
 
 def _multihost_procs(first_line: str, nprocs: int) -> list[int] | None:
@@ -79,7 +105,12 @@ def _multihost_procs(first_line: str, nprocs: int) -> list[int] | None:
     return None
 
 
-def from_notebook(path: str | Path, hosts: int | None = None) -> Program:
+def from_notebook(
+    path: str | Path,
+    hosts: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    kernelspec: Mapping[str, Any] | None = None,
+) -> Program:
     """The program a notebook's cells make (see the module's docstring).
 
     Parameters
@@ -88,9 +119,21 @@ def from_notebook(path: str | Path, hosts: int | None = None) -> Program:
         The notebook.
     hosts : int, optional
         Processes to run, instead of the notebook's first ``%jaxsys start --hosts``.
+    overrides : mapping, optional
+        Cluster options that win over the notebook's ``%jaxsys start`` line.
+    kernelspec : mapping, optional
+        Cluster options under the line's (what the kernelspec's variables give).
+
+    Raises
+    ------
+    ConfigError
+        When the notebook's ``%jaxsys start`` line has a value its flag cannot take.
     """
     nb = json.loads(Path(path).read_text())
+    top = merge_layers(overrides, {"hosts": hosts})
     prog = Program()
+    # Cells before any %jaxsys start run on the cluster the kernelspec (and the override) make.
+    prog.resolve(kernelspec, top)
     started = False
     spmd = False
     for index, cell in enumerate(nb.get("cells", [])):
@@ -101,14 +144,14 @@ def from_notebook(path: str | Path, hosts: int | None = None) -> Program:
         expect = "raises-exception" in cell.get("metadata", {}).get("tags", [])
         if first.startswith("%jaxsys start") and not started:
             started = True
-            for key, value in _start_options(first).items():
-                setattr(prog, key, value)
-            if hosts is not None:
-                prog.hosts = hosts
+            try:
+                prog.resolve(start_line_options(first), top)
+            except ConfigError as e:
+                raise ConfigError(f"cell {index}'s %jaxsys start line: {e}") from None
             prog.left_out.append((index, "cluster start (the job's own set-up does it)"))
         elif first.startswith("%%multihost"):
             body = src.split("\n", 1)[1] if "\n" in src else ""
-            procs = _multihost_procs(first, hosts or prog.hosts)
+            procs = _multihost_procs(first, prog.hosts)
             prog.cells.append(Cell(index, body, procs, expect))
         elif first in ("%multihost on", "%multihost off"):
             spmd = first.endswith("on")
@@ -118,8 +161,6 @@ def from_notebook(path: str | Path, hosts: int | None = None) -> Program:
         else:
             kind = first.split()[0] if first.startswith("%") else "a kernel cell"
             prog.left_out.append((index, f"{kind} runs in the kernel only"))
-    if hosts is not None:
-        prog.hosts = hosts
     return prog
 
 

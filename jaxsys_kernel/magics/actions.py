@@ -15,17 +15,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import publish_display_data
 
-from .. import contract
-from ..cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
-from ..cluster.launchers import launcher_names
 from ..telemetry.memory import format_bytes, memory_line
 from . import actions_help
-from .actions_args import did_you_mean, env_pairs, rank, seconds, split
+from .actions_args import cluster_arguments, did_you_mean, processes, split
 from .actions_cache import cache
 from .actions_divergence import divergence
 from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
-from .actions_jobs import attach, job_line, launcher_options, scheduler_arguments
+from .actions_jobs import attach, job_line, line_options
 from .actions_logs import logs
 from .actions_profile import profile
 from .boundary import usage_errors
@@ -59,68 +56,11 @@ def format_status(rows: list[dict]) -> str:
 
 # -- the actions ------------------------------------------------------------------------------
 
+KILL_NEEDS = "%jaxsys kill needs a process, e.g. %jaxsys kill 2"
+
 
 @magic_arguments("jaxsys start")
-@argument(
-    "--hosts",
-    type=str,
-    default=None,
-    metavar="HOSTS",
-    help=f"number of processes, or host1,host2,... for ssh (default ${contract.HOSTS}, else 4)",
-)
-@argument(
-    "--devices-per-host",
-    type=int,
-    default=None,
-    metavar="D",
-    help=f"CPU devices per process (default ${contract.DEVICES_PER_HOST}, else 2)",
-)
-@argument(
-    "--launcher",
-    choices=launcher_names(),
-    default=None,
-    help=f"how processes are started (default ${contract.LAUNCHER}, else {DEFAULT_LAUNCHER})",
-)
-@argument(
-    "--cache-dir",
-    default=None,
-    metavar="DIR",
-    help="persistent compilation cache directory (default: one per user and jaxlib; none: off)",
-)
-@argument(
-    "--init-timeout",
-    type=seconds,
-    default=60.0,
-    metavar="SECONDS",
-    help="seconds allowed for jax.distributed.initialize",
-)
-@argument(
-    "--env",
-    action="append",
-    default=[],
-    metavar="KEY=VALUE",
-    help="an environment variable for every process",
-)
-@argument("--insecure", action="store_true", help="no mTLS, no CurveZMQ (not recommended)")
-@argument("--ca-file", default=None, metavar="PEM", help="your own CA certificate, with --cert-dir")
-@argument(
-    "--cert-dir",
-    default=None,
-    metavar="DIR",
-    help="directory with process-<i>.pem/.key signed by --ca-file",
-)
-@argument(
-    "--heartbeat",
-    type=seconds,
-    default=None,
-    metavar="SECONDS",
-    help="seconds without heartbeats before JAX declares a process dead (default 10)",
-)
-@argument(
-    "--no-recoverability",
-    action="store_true",
-    help="JAX without recoverability: when one process dies the others are stopped too",
-)
+@cluster_arguments
 @argument(
     "--explain",
     action="store_true",
@@ -136,7 +76,6 @@ def format_status(rows: list[dict]) -> str:
     action="store_true",
     help="run every cell under jax.thread_guard (multi-process operations from one thread only)",
 )
-@scheduler_arguments
 def start(session, args: argparse.Namespace) -> None:
     """Launch one process per host and join them into one JAX world.
 
@@ -147,6 +86,8 @@ def start(session, args: argparse.Namespace) -> None:
     both off. JAX's recoverability is on, so the survivors of a death keep running;
     ``--no-recoverability`` turns it off, and then processes share one fate. ``--explain``
     prints what each process did, as the plain JAX a standalone program would run.
+    Every cluster option (``ClusterConfig``) has its flag here, as in ``jaxsys cluster
+    start``; ``--standby N`` keeps N processes booted to replace the world's at a restart.
     ``--transfer-ports`` gives each process a cross-host transfer socket on a free port
     (listed by ``%jaxsys security``), so ``jax.device_put`` can move arrays between
     processes; ``--thread-guard`` runs every cell under ``jax.thread_guard``, as
@@ -163,32 +104,11 @@ def start(session, args: argparse.Namespace) -> None:
         %jaxsys start --hosts 2 --cache-dir /tmp/jax-cache --env XLA_FLAGS=--xla_dump_to=/tmp/x
         %jaxsys start --launcher ssh --hosts node1,node2
         %jaxsys start --launcher slurm --hosts 4 --partition debug --time 30:00
+        %jaxsys start --hosts 4 --standby 0
     """
-    hosts = None
-    if args.hosts is not None:
-        hosts = int(args.hosts) if args.hosts.isdigit() else [h for h in args.hosts.split(",") if h]
-    if args.devices_per_host is not None and args.devices_per_host < 1:
-        raise UsageError("--devices-per-host must be at least 1")
-    session.start(
-        hosts=hosts,
-        devices_per_host=args.devices_per_host,
-        launcher=args.launcher,
-        cache_dir=args.cache_dir,
-        init_timeout=args.init_timeout,
-        secure=not args.insecure,
-        ca_file=args.ca_file,
-        cert_dir=args.cert_dir,
-        env={
-            **env_pairs(args.env),
-            **({contract.TRANSFER_PORTS: "1"} if args.transfer_ports else {}),
-        },
-        **({"heartbeat_timeout": args.heartbeat} if args.heartbeat else {}),
-        **({"recoverable": False} if args.no_recoverability else {}),
-        **launcher_options(args),
-    )
+    session.start(**line_options(args))
     session.thread_guard = args.thread_guard
     if args.explain:
-
         cluster = session.require_cluster()
         print(explain(cluster.processes, cluster.security))
 
@@ -215,12 +135,13 @@ def stop(session, args: argparse.Namespace) -> None:
 
 @magic_arguments("jaxsys restart")
 @argument("process", nargs="?", metavar="P", help="restart only this process, e.g. 2 or p2")
+@argument("--procs", default=None, help="restart only these processes, e.g. 1,3-4")
 def restart(session, args: argparse.Namespace) -> None:
     """Replace every process and re-initialise JAX, or replace one process.
 
     Without ``P`` this is the way to recover from a hang or a broken collective on CPU.
-    With ``P`` only that process is replaced, and it rejoins the running JAX world
-    (process 0 cannot: it hosts the coordination service).
+    With ``P`` (or ``--procs``, for several) only that process is replaced, and it rejoins
+    the running JAX world (process 0 cannot: it hosts the coordination service).
 
     Examples
     --------
@@ -228,11 +149,13 @@ def restart(session, args: argparse.Namespace) -> None:
 
         %jaxsys restart
         %jaxsys restart 2
+        %jaxsys restart --procs 1,3
     """
-    if args.process is not None:
-        r = rank(args.process)
-        took = session.restart_process(r)
-        print(f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s")
+    ranks = processes(session, args.process, args.procs, "%jaxsys restart")
+    if ranks is not None:
+        for r in ranks:
+            took = session.restart_process(r)
+            print(f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s")
         return
     took = session.restart()
     print(
@@ -242,8 +165,9 @@ def restart(session, args: argparse.Namespace) -> None:
 
 
 @magic_arguments("jaxsys kill")
-@argument("process", metavar="P", help="the process to kill, e.g. 2 or p2")
+@argument("process", nargs="?", metavar="P", help="the process to kill, e.g. 2 or p2")
 @argument("--signal", choices=("KILL", "TERM", "INT"), default="KILL", help="the signal to send")
+@argument("--procs", default=None, help="the processes to kill, e.g. 1,3-4 (instead of P)")
 def kill(session, args: argparse.Namespace) -> None:
     """Inject a fault: send a signal to one process.
 
@@ -256,10 +180,14 @@ def kill(session, args: argparse.Namespace) -> None:
 
         %jaxsys kill 2
         %jaxsys kill 2 --signal TERM
+        %jaxsys kill --procs 1,3
     """
-    r = rank(args.process)
-    took = session.kill_process(r, args.signal)
-    print(session.kill_message(r, args.signal, took))
+    ranks = processes(session, args.process, args.procs, "%jaxsys kill")
+    if ranks is None:
+        raise UsageError(KILL_NEEDS)
+    for r in ranks:
+        took = session.kill_process(r, args.signal)
+        print(session.kill_message(r, args.signal, took))
 
 
 @magic_arguments("jaxsys status")
@@ -394,7 +322,7 @@ ACTIONS: dict[str, Action] = {
         Action("start", start),
         Action("stop", stop),
         Action("restart", restart),
-        Action("kill", kill, "%jaxsys kill needs a process, e.g. %jaxsys kill 2"),
+        Action("kill", kill, KILL_NEEDS),
         Action("status", status),
         Action("dashboard", dashboard),
         Action("security", security),

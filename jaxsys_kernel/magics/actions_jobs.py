@@ -1,52 +1,56 @@
-"""``%jaxsys`` and schedulers: the options ``start`` passes to a scheduler's launcher, the
-job line of ``status``, and ``attach`` (a cluster in a job that runs already)."""
+"""``%jaxsys`` and schedulers: the cluster options a ``start`` line gives (the scheduler's
+among them), the job line of ``status``, and ``attach`` (a cluster in a job that runs
+already)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..cluster.allocation_slurm import SlurmAllocation
+from .. import contract
+from ..cluster.config import ClusterConfig
+from ..cluster.launchers.registry import describe, names_where
 
-# The flags of %jaxsys start that become launcher options, by option name.
-_SCHEDULER_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--partition", {"metavar": "P", "help": "Slurm: the partition to queue in"}),
-    ("--time", {"metavar": "T", "help": "Slurm: the job's time limit, e.g. 30:00"}),
-    ("--account", {"metavar": "A", "help": "Slurm: the account charged"}),
-    (
-        "--sbatch-arg",
-        {
-            "action": "append",
-            "default": [],
-            "metavar": "ARG",
-            "help": "Slurm: one more sbatch option, e.g. --sbatch-arg=--ntasks-per-node=1",
-        },
-    ),
-    ("--hostfile", {"metavar": "F", "help": "MPI: spread the ranks over the hosts F names"}),
-)
+# What session.start has always been handed, given on the line or not (None: the
+# kernelspec's value, or the declared default, decides).
+_ALWAYS: dict[str, Any] = {
+    "hosts": None,
+    "devices_per_host": None,
+    "launcher": None,
+    "cache_dir": None,
+    "init_timeout": 60.0,
+    "secure": True,
+    "ca_file": None,
+    "cert_dir": None,
+}
 
 
-def scheduler_arguments(func: Callable) -> Callable:
-    """Add the scheduler flags to a ``magic_arguments`` function (place it among its
-    ``@argument`` lines)."""
-    for flag, kwargs in reversed(_SCHEDULER_FLAGS):
-        func = argument(flag, **{"default": None, **kwargs})(func)
-    return func
+def line_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster options a ``%jaxsys start`` line gives: its layer of the settings.
+
+    Raises
+    ------
+    UsageError
+        For ``--devices-per-host`` below 1.
+    ConfigError
+        For an ``--env`` without ``=``.
+    """
+    given = ClusterConfig.given(args)
+    if given.get("devices_per_host", 1) < 1:
+        raise UsageError("--devices-per-host must be at least 1")
+    env = dict(given.pop("env", {}))
+    if getattr(args, "transfer_ports", False):
+        env[contract.TRANSFER_PORTS] = "1"
+    return {**_ALWAYS, **given, "env": env}
 
 
 def launcher_options(args: argparse.Namespace) -> dict[str, Any]:
     """``{"launcher_options": {...}}`` for the scheduler flags given, or ``{}``."""
-    opts: dict[str, Any] = {}
-    for key in ("partition", "time", "account", "hostfile"):
-        if getattr(args, key, None):
-            opts[key] = getattr(args, key)
-    if getattr(args, "sbatch_arg", None):
-        opts["sbatch_args"] = list(args.sbatch_arg)
-    return {"launcher_options": opts} if opts else {}
+    given = ClusterConfig.given(args).get("launcher_options")
+    return {"launcher_options": given} if given else {}
 
 
 def job_line(cluster) -> str | None:
@@ -74,6 +78,12 @@ def attach(session, args: argparse.Namespace) -> None:
 
         %jaxsys attach 1234 --hosts 4
     """
+    from ..cluster.allocation_slurm import SlurmAllocation
+
+    # The launcher that starts engines in a running job: the one that takes a job's id.
+    able = names_where(lambda k: k.takes_options and "job_id" in k.option_names()[1])
+    if len(able) != 1:
+        raise UsageError(f"attach needs one launcher that takes a job id, not {describe(able)}")
     if not args.job_id.isdigit():
         raise UsageError(f"JOB must be a Slurm job id (digits), not {args.job_id!r}")
     status = SlurmAllocation(job_id=args.job_id).poll()
@@ -83,6 +93,6 @@ def attach(session, args: argparse.Namespace) -> None:
     session.start(
         hosts=hosts,
         devices_per_host=args.devices_per_host,
-        launcher=SlurmAllocation.kind,
+        launcher=able[0],
         launcher_options={"job_id": args.job_id},
     )

@@ -13,7 +13,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import contract
-from ..cluster import Cluster
+from ..cluster import Cluster, ClusterConfig
 from ..cluster.audit import refusal_notice
 from ..cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
 
@@ -68,16 +68,9 @@ class Lifecycle:
                 f"a cluster of {self.cluster.nprocs} processes is already running; "
                 "use %jaxsys restart, or %jaxsys stop first"
             )
-        d = self.defaults()
-        cluster = Cluster(
-            hosts=d["hosts"] if hosts is None else hosts,
-            devices_per_host=d["devices_per_host"]
-            if devices_per_host is None
-            else devices_per_host,
-            launcher=d["launcher"] if launcher is None else launcher,
-            cache_dir=cache_dir,
-            **kwargs,
-        )
+        # The kernelspec's options, under the line's, under an override of `jaxsys run`.
+        line = dict(hosts=hosts, devices_per_host=devices_per_host, launcher=launcher, **kwargs)
+        cluster = Cluster(**ClusterConfig.layered(self.defaults(), dict(line, cache_dir=cache_dir)))
         self.cluster = cluster
         self.broken = None
         self.still_running = set()

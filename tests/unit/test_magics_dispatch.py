@@ -273,9 +273,15 @@ def test_the_action_table():
         "--account",
         "--sbatch-arg",
         "--hostfile",
+        # Every other option ClusterConfig declares a flag for.
+        "--register-timeout",
+        "--addresses",
+        "--controller-ip",
+        "--no-telemetry",
+        "--standby",
     }
-    assert OWN["kill"] == {"P", "--signal"} and OWN["inspect"] == {"NAME", "--detail"}
-    assert OWN["logs"] == {"P", "--tail"} and OWN["restart"] == {"P"}
+    assert OWN["kill"] == {"P", "--signal", "--procs"} and OWN["inspect"] == {"NAME", "--detail"}
+    assert OWN["logs"] == {"P", "--tail", "--procs"} and OWN["restart"] == {"P", "--procs"}
     assert all(not OWN[n] for n in ("stop", "status", "dashboard", "security", "rotate-certs"))
 
 
