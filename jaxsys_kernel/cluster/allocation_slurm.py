@@ -103,7 +103,9 @@ class SlurmAllocation(Allocation):
         A job that runs already (attach); nothing is submitted then.
     """
 
-    kind = "slurm"
+    # The kind of allocation (what a saved one is found again by), not a launcher's name:
+    # the launcher that uses it is found in the launcher registry.
+    kind = "slurm-job"
     can_end = True
 
     def __init__(

@@ -41,6 +41,10 @@ def _patterns(names, class_names) -> list[re.Pattern]:
         re.compile(rf"\b({c})\b"),
         # A launcher chosen by name: launcher: str = "local", .get(LAUNCHER, "local")
         re.compile(rf"(?i)launcher\w*\W.*{q}({n}){q}"),
+        # A name kept anywhere, to be used as a launcher's later: kind = "slurm"
+        re.compile(rf"^\s*[\w.]+\s*(:[^=]+)?=\s*{q}({n}){q}\s*(#.*)?$"),
+        # A launcher taken from another class's attribute: launcher=SlurmAllocation.kind
+        re.compile(rf"\blauncher\s*=\s*(?!(?:{c})\b)[A-Z]\w*\.\w+"),
         # Messages and prose that list or name launchers: "local, ssh or mpi",
         # "the ssh launcher needs ..."
         re.compile(rf"(?i)\b({n})(, | or | and |/)(the )?({n})\b"),
@@ -91,6 +95,9 @@ def test_no_launcher_is_named_outside_the_launchers():
         "  if (launcher === 'mpi') {",
         "type Kind = 'local' | 'ssh';",
         '    launcher : {"local", "ssh"}',
+        '    kind = "slurm"',
+        "NAME: str = 'mpi'  # the scheduler",
+        "        launcher=SlurmAllocation.kind,",
     ],
 )
 def test_the_scanner_finds_a_planted_launcher_name(line):
@@ -107,6 +114,9 @@ def test_the_scanner_finds_a_planted_launcher_name(line):
         "launcher = make_launcher(config)",
         'cmd = ["ssh", "-p", port]',
         "loopback = host == '127.0.0.1'",
+        "        launcher=able[0],",
+        "    kind = 'slurm-job'",
+        'prefix = "local"  + name',
     ],
 )
 def test_the_scanner_leaves_other_words_alone(line):
