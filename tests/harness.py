@@ -176,6 +176,25 @@ def kernel_with_cluster(tag: str, start: str = "%jaxsys start --hosts 2 --device
         k.shutdown()
 
 
+def status_table(status: str) -> dict[int, dict[str, str]]:
+    """``%jaxsys status``'s process table, by process, each row by its header's columns."""
+    lines = status.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["process"])
+    columns = lines[head].split()
+    rows = {}
+    for line in lines[head + 1 :]:
+        cells = line.split()
+        if not cells or not cells[0].isdigit():
+            break
+        rows[int(cells[0])] = dict(zip(columns, cells, strict=False))
+    return rows
+
+
+def process_states(status: str) -> dict[int, str]:
+    """Each process's state in ``%jaxsys status``'s table."""
+    return {r: row["state"] for r, row in status_table(status).items()}
+
+
 def write_notebook(path, cells: list[str]) -> None:
     """Save a notebook of code ``cells`` that runs on the jaxsys kernel."""
     import nbformat

@@ -183,7 +183,7 @@ from jaxsys_kernel.cluster.teardown import census
 from jaxsys_kernel.engine.probes import listening_sockets
 _c = get_ipython()._jaxsys_session.cluster
 _ctl = psutil.Process(_c._ipp.controller.pid)
-_pids = {os.getpid(), *census(_c), *(q.pid for q in _ctl.children(recursive=True))}
+_pids = {os.getpid(), *census(_c.world), *(q.pid for q in _ctl.children(recursive=True))}
 print(json.dumps({
     "audit": [e.to_dict() for e in audit(_c)],
     "os": sorted({f"{h}:{p}" for pid in _pids for h, p in listening_sockets(pid)}),

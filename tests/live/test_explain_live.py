@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ..harness import Kernel
+from ..harness import Kernel, process_states
 
 
 def test_live_explain_and_fate_sharing(tag):
@@ -33,8 +33,8 @@ def test_live_explain_and_fate_sharing(tag):
         k.ok("%jaxsys kill 1")
         deadline = time.monotonic() + 30
         while True:
-            rows = k.ok("%jaxsys status").stdout.splitlines()
-            if rows[1].split()[-1] == "dead":
+            rows = k.ok("%jaxsys status").stdout
+            if process_states(rows)[0] == "dead":
                 break  # process 0 went down with process 1: one fate
             assert time.monotonic() < deadline, rows
             time.sleep(0.2)

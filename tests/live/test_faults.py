@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ..harness import kernel_with_cluster
+from ..harness import kernel_with_cluster, process_states, status_table
 
 LIVE = """%%multihost --procs 0,1 --timeout 30
 import time, jaxsys_kernel
@@ -34,8 +34,7 @@ def k(tag):
 def test_kill_marks_the_process_dead_at_once(k):
     out = k.ok("%jaxsys kill 2")
     assert "process 2 killed with SIGKILL" in out.stdout and "%jaxsys restart 2" in out.stdout
-    status = k.ok("%jaxsys status").stdout.splitlines()
-    assert status[3].split()[0] == "2" and status[3].split()[-1] == "dead"
+    assert process_states(k.ok("%jaxsys status").stdout)[2] == "dead"
 
 
 def test_cells_including_a_dead_process_are_refused_at_once(k):
@@ -59,8 +58,8 @@ def test_killed_process_rejoins(k):
     assert "process 2 restarted and rejoined the JAX world" in out.stdout
     out = k.ok("%%multihost\nimport jax\nprint(jax.process_index(), jax.process_count())")
     assert out.stdout == "[p0] 0 3\n[p1] 1 3\n[p2] 2 3\n"
-    status = k.ok("%jaxsys status").stdout.splitlines()
-    assert [ln.split()[1] for ln in status[1:4]] == ["0", "1", "2"]  # engine i is process i again
+    table = status_table(k.ok("%jaxsys status").stdout)
+    assert [table[r]["engine"] for r in range(3)] == ["0", "1", "2"]  # engine i is process i again
 
 
 def test_process_zero_cannot_rejoin_on_cpu(k):

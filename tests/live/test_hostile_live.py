@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from ..harness import kernel_with_cluster, tagged_processes
+from ..harness import kernel_with_cluster, process_states, status_table, tagged_processes
 from ..intruders import (
     AUDIT_CELL,
     HEALTH_CELL,
@@ -46,8 +46,8 @@ def kernel_json(k, code: str) -> dict:
 
 
 def engine_pids(k) -> list[int]:
-    rows = k.ok("%jaxsys status").stdout.splitlines()[1:3]
-    return [int(row.split()[2]) for row in rows]
+    table = status_table(k.ok("%jaxsys status").stdout)
+    return [int(table[r]["pid"]) for r in sorted(table)]
 
 
 def engines_left(tag: str) -> list[psutil.Process]:
@@ -124,8 +124,7 @@ def test_intruders_on_every_listening_port_leave_the_cluster_computing(k):
     assert len(attempts) == len(addresses) * len(KINDS) >= 5 * 25
     # The cluster computes, no process died, and every listener is still there.
     assert k.ok(COLLECTIVE).stdout == COMPUTES
-    status = k.ok("%jaxsys status").stdout.splitlines()
-    assert [row.split()[-1] for row in status[1:3]] == ["ready", "ready"]
+    assert process_states(k.ok("%jaxsys status").stdout) == {0: "ready", 1: "ready"}
     after = kernel_json(k, AUDIT_CELL)
     assert set(after["os"]) >= set(before["os"])
     health = kernel_json(k, HEALTH_CELL)
@@ -285,7 +284,7 @@ def test_kill_during_a_world_restart(k, tag):
 def test_the_coordinator_disappears(k, tag):
     os.kill(engine_pids(k)[0], signal.SIGKILL)
     wait_for(
-        lambda: k.ok("%jaxsys status").stdout.splitlines()[1].split()[-1] == "dead",
+        lambda: process_states(k.ok("%jaxsys status").stdout)[0] == "dead",
         10,
         "process 0 to show dead",
     )
