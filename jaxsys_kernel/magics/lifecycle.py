@@ -72,6 +72,7 @@ class Lifecycle:
         line = dict(hosts=hosts, devices_per_host=devices_per_host, launcher=launcher, **kwargs)
         cluster = Cluster(**ClusterConfig.layered(self.defaults(), dict(line, cache_dir=cache_dir)))
         self.cluster = cluster
+        self._forget_summaries()
         self.broken = None
         self.still_running = set()
         self._refusals_told = {}
@@ -107,6 +108,8 @@ class Lifecycle:
         A restart that fails stops the cluster; the user is told how to go on.
         """
         cluster = self.require_cluster()
+        # The old world's devices go with it, whether or not the new one comes up.
+        self._forget_summaries()
         try:
             took = cluster.restart_sync()
         except BaseException:
