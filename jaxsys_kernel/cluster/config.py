@@ -219,7 +219,7 @@ class ClusterConfig:
         None,
         'Settings of the launcher, by name, e.g. {"ssh_args": ["-i", "key"]}; for '
         "ssh, remote_python defaults to this Python's path.",
-        Flag("--partition", "Slurm: the partition to queue in", {"metavar": "P"}, "partition"),
+        Flag("--partition", "Slurm: the partition to queue in", {"metavar": "NAME"}, "partition"),
         Flag("--time", "Slurm: the job's time limit, e.g. 30:00", {"metavar": "T"}, "time"),
         Flag("--account", "Slurm: the account charged", {"metavar": "A"}, "account"),
         Flag(
