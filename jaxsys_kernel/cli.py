@@ -15,7 +15,7 @@ from pathlib import Path
 from . import contract, saved
 from ._version import __version__
 from .cluster.config import ClusterConfig
-from .cluster.options import OVERRIDES_VARIABLE, kernelspec_layer, merge_layers
+from .cluster.options import OVERRIDES_VARIABLE, checked, jsonable, kernelspec_layer, merge_layers
 from .cluster.teardown import pid_alive
 from .errors import ConfigError
 
@@ -132,7 +132,9 @@ def run_notebook(
     )
     env = dict(os.environ)
     if overrides:
-        env[OVERRIDES_VARIABLE] = json.dumps(ClusterConfig.from_dict(overrides).to_dict())
+        # Checked by name and type only: they are one layer, checked whole with the others.
+        layer = checked(ClusterConfig, overrides, "jaxsys run")
+        env[OVERRIDES_VARIABLE] = json.dumps(jsonable(layer))
     try:
         client.execute(env=env)
     finally:
@@ -154,6 +156,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         nb = run_notebook(
             args.notebook, output=args.output, timeout=args.timeout, overrides=_flags(args)
         )
+    except ConfigError as e:
+        print(f"jaxsys run: {e}", file=sys.stderr)
+        return 2
     except (CellExecutionError, CellTimeoutError) as e:
         print(f"jaxsys run: {args.notebook} failed:\n{e}", file=sys.stderr)
         return 1

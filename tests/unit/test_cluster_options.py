@@ -303,7 +303,7 @@ def test_the_session_starts_with_every_layer(monkeypatch):
     assert (seen["hosts"], seen["devices_per_host"], seen["init_timeout"]) == (6, 1, 30.0)
 
 
-def test_jaxsys_run_hands_its_flags_to_the_kernel(monkeypatch, tmp_path):
+def test_jaxsys_run_hands_its_flags_to_the_kernel(monkeypatch, tmp_path, capsys):
     import nbclient
     import nbformat
 
@@ -325,6 +325,15 @@ def test_jaxsys_run_hands_its_flags_to_the_kernel(monkeypatch, tmp_path):
     seen.clear()
     assert cli.main(["run", str(path)]) == 0
     assert opts.OVERRIDES_VARIABLE not in seen["env"]
+    # One layer, checked with the notebook's own line: a Slurm flag needs no --launcher here.
+    assert cli.main(["run", str(path), "--partition", "debug"]) == 0
+    assert json.loads(seen["env"][opts.OVERRIDES_VARIABLE]) == {
+        "launcher_options": {"partition": "debug"}
+    }
+    seen.clear()
+    assert cli.main(["run", str(path), "--env", "oops"]) == 2
+    assert "jaxsys run: --env takes KEY=VALUE, got 'oops'" in capsys.readouterr().err
+    assert seen == {}
 
 
 def _notebook(tmp_path, *sources):
