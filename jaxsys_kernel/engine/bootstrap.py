@@ -18,7 +18,6 @@ RANK_VARIABLES = contract.RANK_VARIABLES
 
 
 OUTPUT_FLUSH_INTERVAL = 0.05
-_stack_fh = None
 # Set for engines on other hosts: their stack dumps reach the kernel as telemetry.
 ENV_STACKS_RELAY = contract.RELAY_STACKS
 STACK_RELAY_INTERVAL = 0.1
@@ -59,12 +58,13 @@ def describe_process() -> dict:
         env = contract.EngineEnv.from_env()
         relay = env.relay_stacks
         stack_file = env.stack_file or (_own_stack_file() if relay else None)
-        global _stack_fh
-        if stack_file and _stack_fh is None:
-            _stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
+        if stack_file and _boot.stack_fh is None:
+            _boot.stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
             if relay:
                 _start_stack_relay(stack_file)
-        faulthandler.register(signal.SIGUSR1, file=_stack_fh or sys.__stderr__, all_threads=True)
+        faulthandler.register(
+            signal.SIGUSR1, file=_boot.stack_fh or sys.__stderr__, all_threads=True
+        )
     # ipykernel sends buffered output every 0.2 s; processes flushing out of phase would
     # then print the same line up to 0.2 s apart, too far apart for the kernel to merge.
     for stream in (sys.stdout, sys.stderr):
@@ -91,7 +91,7 @@ def describe_process() -> dict:
 def wait_booted(timeout: float) -> bool:
     """Whether this engine's start-up imports (``import jax`` among them, which runs on
     after the engine has registered) have finished, waiting at most ``timeout`` seconds."""
-    early = _early
+    early = _boot.early
     return early is not None and early.done.wait(timeout)
 
 
@@ -182,10 +182,6 @@ def _start_stack_relay(path: str) -> None:
     threading.Thread(target=relay, name="jaxsys-stack-relay", daemon=True).start()
 
 
-# The port free_port() found, kept bound until this process's coordination service binds it.
-_held_port: socket.socket | None = None
-
-
 def free_port(bind: str = "") -> int:
     """Return a TCP port that is free on this host, and keep it so until JAX binds it.
 
@@ -203,15 +199,13 @@ def free_port(bind: str = "") -> int:
     int
         A port number.
     """
-    global _held_port
     _release_port()
-    _held_port = ports.hold_port(bind)
-    return _held_port.getsockname()[1]
+    _boot.held_port = ports.hold_port(bind)
+    return _boot.held_port.getsockname()[1]
 
 
 def _release_port() -> None:
-    global _held_port
-    held, _held_port = _held_port, None
+    held, _boot.held_port = _boot.held_port, None
     if held is not None:
         held.close()
 
@@ -226,7 +220,18 @@ class _EarlyInit:
         self.error: BaseException | None = None
 
 
-_early: _EarlyInit | None = None
+class _Boot:
+    """What this process's start-up keeps, in one place: the JAX start-up begun at boot,
+    the stack file faulthandler writes to, and the port held for the coordinator."""
+
+    def __init__(self):
+        self.early: _EarlyInit | None = None
+        self.stack_fh = None
+        # The port free_port() found, kept bound until the coordination service binds it.
+        self.held_port: socket.socket | None = None
+
+
+_boot = _Boot()
 
 
 def start_early_init() -> None:
@@ -237,10 +242,9 @@ def start_early_init() -> None:
     (:class:`jaxsys_kernel.contract.EngineEnv`) carries the rank, the number of processes,
     the coordinator and the timeouts; without a coordinator only the import happens.
     """
-    global _early
-    if _early is not None:
+    if _boot.early is not None:
         return
-    early = _early = _EarlyInit()
+    early = _boot.early = _EarlyInit()
     try:
         env = contract.EngineEnv.from_env()
     except ValueError as e:
@@ -312,7 +316,7 @@ def initialize(
     rank = process_rank()
     if rank != process_id:
         raise RuntimeError(f"asked to join as process {process_id} but this engine has rank {rank}")
-    early = _early
+    early = _boot.early
     if early is not None and early.coordinator == coordinator_address:
         if not early.done.wait(timeout):
             raise TimeoutError(f"process {rank} did not join within {timeout:g} s")
