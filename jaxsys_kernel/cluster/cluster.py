@@ -9,12 +9,13 @@ event-loop thread and the generated ``*_sync`` twins).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import bringup, security, teardown
+from . import bringup, security, standby, teardown
 from .calls import Calls, EngineCalls
 from .config import ClusterConfig
 from .launchers import make_launcher, telemetry_addresses
@@ -26,6 +27,8 @@ from .records import ClusterError, ClusterStartError, ProcessInfo, ProgressEvent
 from .security import ROTATION_POLL_S, ClusterSecurity
 from .teardown import pid_alive
 from .world import World
+
+log = logging.getLogger("jaxsys.cluster")
 
 __all__ = [
     "Calls",
@@ -173,6 +176,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         self.state = "starting"
         world = self.world
         world.processes = [ProcessInfo(rank=r) for r in self.ranks]
+        world.standby = standby.for_launcher(self.config, self._launcher)
         try:
             await bringup.start_services(world)
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
@@ -193,6 +197,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             raise
         self.state = "ready"
         self.ready_seconds = time.perf_counter() - t0
+        self._refill_standby()
         return self
 
     async def stop(self) -> float:
@@ -229,17 +234,20 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         self.state = "restarting"
         for p in self.processes:
             p.state = "restarting"
+        world = self.world
         try:
-            await teardown.kill_world(self.world)
-            await self._launch_engines()
+            await teardown.kill_world(world)
+            spares = await world.standby.take(world, world.ranks, self._report)
+            await self._launch_engines(skip=set(spares))
             await bringup.bring_up_engines(
-                self.world, time.monotonic() + self.register_timeout, exclude=old_uuids
+                world, time.monotonic() + self.register_timeout, exclude=old_uuids, spares=spares
             )
         except BaseException:
             self.kill()
             raise
         self.state = "ready"
         self.ready_seconds = time.perf_counter() - t0
+        self._refill_standby()
         return self.ready_seconds
 
     async def restart_process(self, rank: int) -> float:
@@ -269,9 +277,12 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         self._launcher.forget_rank(rank)
         world.rank_restarts[rank] = world.rank_restarts.get(rank, 0) + 1
         old_uuids = bringup.engine_uuids(world)
-        set_id = f"p{rank}-i{world.incarnation}-r{world.rank_restarts[rank]}"
-        await self._launcher.launch_rank(rank, set_id, world.engine_context())
-        await bringup.bring_up_rank(world, rank, old_uuids)
+        spare = (await world.standby.take(world, [rank], self._report)).get(rank)
+        if spare is None:
+            set_id = f"p{rank}-i{world.incarnation}-r{world.rank_restarts[rank]}"
+            await self._launcher.launch_rank(rank, set_id, world.engine_context())
+        await bringup.bring_up_rank(world, rank, old_uuids, spare=spare)
+        self._refill_standby()
         return time.perf_counter() - t0
 
     def kill(self) -> float:
@@ -287,6 +298,9 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         """
         self._rotation.stop()
         took = teardown.kill(self.world)
+        if self.world.standby is not None:
+            # Its engines belonged to the controller and went with it.
+            self.world.standby.forget()
         self.state = "stopped"
         return took
 
@@ -340,11 +354,41 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             self._ops = asyncio.Lock()
         return self._ops
 
-    async def _launch_engines(self) -> None:
-        """Launch a new incarnation of every rank."""
+    async def _launch_engines(self, skip: set[int] = frozenset()) -> None:
+        """Launch a new incarnation of every rank but those in ``skip`` (which standby
+        engines take over)."""
         world = self.world
         world.incarnation += 1
         # Local engines learn the coordinator at launch and join while they register;
         # remote ones learn it afterwards, from rank 0's host.
         world.early_coordinator = self._launcher.early_coordinator()
-        await self._launcher.launch(world.engine_context(), self._report)
+        if not skip:
+            await self._launcher.launch(world.engine_context(), self._report)
+            return
+        for rank in (r for r in world.ranks if r not in skip):
+            await self._launcher.launch_rank(
+                rank, f"p{rank}-i{world.incarnation}", world.engine_context()
+            )
+
+    # -- the standby ------------------------------------------------------------------------
+
+    def _refill_standby(self) -> None:
+        """Top the standby up in the background (called on the cluster's loop)."""
+        if self.world.standby.decide_size(self.world) and self.world.standby.wanted():
+            self._refill = asyncio.get_running_loop().create_task(self._fill_standby())
+
+    async def _fill_standby(self) -> None:
+        try:
+            # Ordered with restarts: a refill never launches while a world is replaced.
+            async with self._one_operation():
+                if self.state == "ready":
+                    await self.world.standby.fill(self.world)
+        except Exception as e:  # noqa: BLE001 - a standby is an extra; the cluster runs on
+            self.world.standby.note = f"the standby could not be refilled: {e}"
+            log.warning("%s", self.world.standby.note)
+
+    def standby_status(self) -> dict:
+        """The standby: ``size``, ``ready``, ``booting`` and a ``note`` (why it is smaller)."""
+        if self.world.standby is None:
+            return {"size": 0, "ready": 0, "booting": 0, "taken": 0, "note": None}
+        return self.world.standby.describe(self.world)

@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import publish_display_data
 
+from ..cluster import standby
 from ..telemetry.memory import format_bytes, memory_line
 from . import actions_help
 from .actions_args import cluster_arguments, did_you_mean, processes, split
@@ -158,9 +159,11 @@ def restart(session, args: argparse.Namespace) -> None:
             print(f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s")
         return
     took = session.restart()
+    taken = session.cluster.standby_status()["taken"]
     print(
         f"jaxsys: restarted all {session.cluster.nprocs} processes; "
         f"JAX world ready again in {took:.1f} s"
+        + (f" ({taken} from the standby)" if taken else "")
     )
 
 
@@ -210,6 +213,7 @@ def status(session, args: argparse.Namespace) -> None:
     job = job_line(session.cluster)
     if job:
         print(job)
+    print(standby.status_line(session.cluster.standby_status()))
     print(f"security: {session.cluster.security}")
     rotation = session.rotation_line()
     if rotation:
