@@ -156,14 +156,16 @@ def restart(session, args: argparse.Namespace) -> None:
     if ranks is not None:
         for r in ranks:
             took = session.restart_process(r)
-            print(f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s")
+            spare = " (from the standby)" if session.cluster.standby_status()["taken"] else ""
+            print(
+                f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s{spare}"
+            )
         return
     took = session.restart()
     taken = session.cluster.standby_status()["taken"]
     print(
         f"jaxsys: restarted all {session.cluster.nprocs} processes; "
-        f"JAX world ready again in {took:.1f} s"
-        + (f" ({taken} from the standby)" if taken else "")
+        f"JAX world ready again in {took:.1f} s" + (f" ({taken} from the standby)" if taken else "")
     )
 
 
