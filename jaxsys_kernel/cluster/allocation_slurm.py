@@ -222,13 +222,34 @@ def cancel_job(job_id: str) -> None:
             subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
 
 
+def job_steps(job_id: str) -> list[str]:
+    """The ids (``J.0``, ``J.1``...) of the job's steps other than its batch script's."""
+    try:
+        r = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return []
+    steps = r.stdout.split() if r.returncode == 0 else []
+    return [s for s in steps if s.rpartition(".")[2] not in ("batch", "extern", "interactive")]
+
+
 def kill_steps(job_id: str) -> None:
-    """SIGKILL the processes of the job's steps; the job (its batch script) stays."""
+    """SIGKILL the processes of the job's steps; the job (its batch script) stays.
+
+    Each step is named: Slurm takes SIGKILL sent to the job itself as its cancellation.
+    """
     if shutil.which("scancel") is None:
+        return
+    steps = job_steps(job_id)
+    if not steps:
         return
     with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(
-            ["scancel", "-s", "KILL", job_id],
+            ["scancel", "-s", "KILL", *steps],
             capture_output=True,
             timeout=COMMAND_TIMEOUT_S,
             check=False,
