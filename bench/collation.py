@@ -62,6 +62,11 @@ from jaxsys_kernel import cells as executor  # noqa: E402
 from jaxsys_kernel._ranges import format_procs, parse_procs  # noqa: E402
 from jaxsys_kernel.cells import collate  # noqa: E402
 
+# Measured without a standby: its engines would boot alongside what is measured
+# (bench/faults.py measures the standby).
+os.environ.setdefault("JAXSYS_STANDBY", "0")
+
+
 # Modules that build collators for a cell; whichever exists gets the recording subclass.
 COLLATOR_USERS = (
     "jaxsys_kernel.cells.run",

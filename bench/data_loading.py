@@ -47,6 +47,10 @@ from _procs import reap  # noqa: E402
 
 from jaxsys_kernel import Cluster  # noqa: E402
 
+# Measured without a standby: its engines would boot alongside what is measured
+# (bench/faults.py measures the standby).
+os.environ.setdefault("JAXSYS_STANDBY", "0")
+
 N_PROCS = 4
 DEVICES = 2
 COLS = 1024  # float32: 4 KiB rows

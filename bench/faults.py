@@ -186,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     session = MultihostSession()
     for _ in range(rounds):
         cold = Cluster(
-            hosts=HOSTS, devices_per_host=1, heartbeat_timeout=HEARTBEAT, progress=lambda e: None
+            hosts=HOSTS,
+            devices_per_host=1,
+            heartbeat_timeout=HEARTBEAT,
+            standby=0,
+            progress=lambda e: None,
         )
         t0 = time.perf_counter()
         cold.start_sync()

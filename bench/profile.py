@@ -26,6 +26,11 @@ from jaxsys_kernel import Cluster
 from jaxsys_kernel import cells as executor
 from jaxsys_kernel.cells import timeline
 
+# Measured without a standby: its engines would boot alongside what is measured
+# (bench/faults.py measures the standby).
+os.environ.setdefault("JAXSYS_STANDBY", "0")
+
+
 CELL = """\
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

@@ -39,6 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jaxsys_kernel import Cluster  # noqa: E402
 from jaxsys_kernel import cells as executor  # noqa: E402
 
+# Measured without a standby: its engines would boot alongside what is measured
+# (bench/faults.py measures the standby).
+os.environ.setdefault("JAXSYS_STANDBY", "0")
+
 # A process's memory when idle, measured here before the first run; used only to refuse a
 # size that cannot fit before trying it (the run measures the real figure).
 IDLE_PROCESS_BYTES = 260e6
