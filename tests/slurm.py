@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from tests import netns
+from tests.harness import TAG_VAR
 
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
 # Seconds allowed for the daemons to come up, and for the queue to drain at teardown.
@@ -125,9 +126,15 @@ class SlurmHosts:
         self.close()
 
     def _daemon(self, argv: list[str], log: str) -> None:
+        # The daemons outlive a test module's processes: without its tag, so that the
+        # census of what a test left behind does not count them. Jobs take their
+        # environment from sbatch, not from slurmd, so engines still carry the tag.
+        env = {k: v for k, v in os.environ.items() if k != TAG_VAR}
         with open(self.dir / "log" / log, "wb") as out:
             self._procs.append(
-                subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+                )
             )
 
     def _start(self) -> None:

@@ -1,0 +1,115 @@
+"""A Slurm cluster driven from a real jaxsys kernel, as a user drives it: started with
+``%jaxsys start --launcher slurm`` on a private Slurm of three namespace hosts
+(tests/slurm.py), its processes one per host, its job in ``%jaxsys status``, the hang
+doctor's stacks coming back from the hosts, and nothing left (no job in the queue, no
+engine on any host) after ``%jaxsys stop`` or after the kernel is killed.
+
+The kernel finds this Slurm through ``SLURM_CONF``, which the fixture puts into the
+environment every kernel here inherits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from .. import slurm
+from ..harness import Kernel, status_table, tagged_processes
+
+START = (
+    "%jaxsys start --launcher slurm --hosts 3 --devices-per-host 1 "
+    "--sbatch-arg=--ntasks-per-node=1 --env JAX_PLATFORMS=cpu"
+)
+WHERE_CELL = (
+    "%%multihost\nimport socket, jax\nprint(jax.process_index(), 'on', socket.gethostname())"
+)
+# Seconds allowed from a stop (or a death) to an empty queue and no engine on any host.
+DRAIN_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def hosts(tag):
+    reason = slurm.available()
+    if reason:
+        pytest.skip(f"no private Slurm here: {reason}")
+    with slurm.SlurmHosts(3) as s:
+        yield s
+
+
+def _start(k: Kernel, hosts) -> str:
+    out = k.execute(START, timeout=180)
+    why = " | ".join(str((out.error or {}).get("evalue")).splitlines())
+    assert out.status == "ok", f"start failed: {why}\n{out.stderr}\n{hosts.log_tail()}"
+    (job_id,) = [q.split()[0] for q in hosts.queue()]
+    return job_id
+
+
+def _nothing_left(hosts, tag: str, kernel: Kernel) -> float:
+    """Seconds until the queue is empty and no tagged process but the kernel (engines,
+    nannies, srun, the job's watchdog) is left here or on any host; fails after
+    :data:`DRAIN_S`."""
+    t0 = time.monotonic()
+    hosts.wait_queue_empty(DRAIN_S)
+
+    def left() -> list[str]:
+        return [
+            f"{p.pid} {' '.join(p.cmdline())[:150]}"
+            for p in tagged_processes(tag)
+            if p.pid != kernel.pid
+        ] + [f"{pid} on a host" for pid in hosts.namespace_pids()]
+
+    while left() and time.monotonic() - t0 < DRAIN_S:
+        time.sleep(0.1)
+    assert not left(), f"left behind: {left()}"
+    return time.monotonic() - t0
+
+
+def test_a_slurm_cluster_from_the_kernel(hosts, tag):
+    k = Kernel(tag)
+    try:
+        job_id = _start(k, hosts)
+        # Process i runs on host i.
+        out = k.ok(WHERE_CELL)
+        assert out.stdout == "".join(f"[p{i}] {i} on host{i}\n" for i in range(3)), out.stdout
+        status = k.ok("%jaxsys status").stdout
+        assert f"job {job_id}: running on host0,host1,host2" in status, status
+        rows = status_table(status)
+        assert [rows[i]["host"] for i in range(3)] == hosts.node_names, status
+        assert [rows[i]["state"] for i in range(3)] == ["ready"] * 3, status
+        assert re.search(r"^security: .*mTLS", status, re.M), status
+        # The hang doctor: a cell past its timeout shows where each process is, read
+        # from processes on other hosts (their stacks come back over telemetry).
+        out = k.execute("%%multihost --timeout 1.5\nimport time\ntime.sleep(30)", timeout=60)
+        assert out.status == "error" and out.error["ename"] == "MultihostTimeout", out.error
+        assert "passed its timeout of 1.5 s" in out.stderr
+        assert ">> " in out.stderr and "time.sleep(30)" in out.stderr, out.stderr
+        assert k.ok("%%multihost\nprint('fine')").stdout == "[p0-2] fine\n"
+        # One process cannot be started again inside the running job step: refused, and
+        # the world is untouched.
+        out = k.execute("%jaxsys restart 1")
+        assert out.status == "error"
+        assert (
+            "the slurm launcher cannot restart a single process" in out.error["evalue"]
+            and "restart the whole world" in out.error["evalue"]
+        ), out.error
+        k.ok("%jaxsys stop")
+        took = _nothing_left(hosts, tag, k)
+        assert took < DRAIN_S
+    finally:
+        k.shutdown()
+
+
+def test_killing_the_kernel_cancels_the_job(hosts, tag):
+    k = Kernel(tag)
+    try:
+        _start(k, hosts)
+        assert len(tagged_processes(tag)) > 3  # the engines, their nannies, srun...
+        os.kill(k.pid, signal.SIGKILL)
+        took = _nothing_left(hosts, tag, k)
+        assert took < DRAIN_S
+    finally:
+        k.shutdown()
