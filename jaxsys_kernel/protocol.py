@@ -19,15 +19,36 @@ import enum
 
 __all__ = [
     "ACTIONS",
+    "DELTA_FIELDS",
+    "FRONT_END_MESSAGES",
+    "GROUP_FIELDS",
+    "KERNEL_MESSAGES",
     "RANK_ACTIONS",
     "SCHEMA_VERSION",
+    "SUMMARY_FIELDS",
     "ProcessState",
     "shown_state",
     "version_mismatch",
 ]
 
-#: The comm's schema version; the front end sends its own in the open message.
-SCHEMA_VERSION = 1
+#: The comm's schema version; the front end sends its own in the open message. Version 2
+#: sends ``delta`` messages after the first state, which a version 1 front end cannot read.
+SCHEMA_VERSION = 2
+#: Versions a kernel still serves: a version 1 front end gets the whole state every time.
+SERVED_VERSIONS = (1, SCHEMA_VERSION)
+
+#: What the kernel sends: the whole state, what changed in it, the answer to a command.
+KERNEL_MESSAGES = ("state", "delta", "reply")
+#: What a front end sends: a command, a request for the whole state, a group to open.
+FRONT_END_MESSAGES = ("command", "refresh", "group")
+#: A ``delta`` message's ``rows`` (:class:`jaxsys_kernel.telemetry.aggregate.RowFeed`):
+#: the rows' version, the version it applies to, changed rows and gone ranks, and ages.
+DELTA_FIELDS = ("v", "base", "rows", "gone", "ages")
+#: The summary of a cluster above the group size (:func:`~jaxsys_kernel.telemetry.
+#: aggregate.summarize`).
+SUMMARY_FIELDS = ("by_state", "group_size", "groups", "errors")
+#: One group of consecutive ranks in a summary.
+GROUP_FIELDS = ("group", "ranks", "hosts", "states", "worst", "busy", "oldest_heartbeat")
 
 #: Every action a front end may send, in the order the TypeScript union lists them.
 ACTIONS = (
@@ -119,11 +140,11 @@ def version_mismatch(theirs: object) -> str | None:
     ----------
     theirs : object
         The ``v`` the front end sent when it opened the comm (None when it sent none, which
-        older front ends do: they are taken to speak version 1).
+        older front ends do: they are taken to speak version 1, which is still served).
     """
     if theirs is None:
         theirs = 1
-    if theirs == SCHEMA_VERSION:
+    if theirs in SERVED_VERSIONS:
         return None
     return (
         f"the jaxsys extension speaks comm schema version {theirs!r} and this kernel speaks "

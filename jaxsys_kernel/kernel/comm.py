@@ -247,6 +247,12 @@ class ClusterComms:
         self._cell_done.set()
         # The group of a large cluster's summary the front end opened (None: none).
         self.open_group: int | None = None
+        # One feed for every comm: they all get the same messages, in version order.
+        self._push_lock = threading.Lock()
+        self._feed = aggregate.RowFeed()
+        self._summary: dict | None = None
+        # Comms whose front end reads deltas (version 2); the others get whole states.
+        self._delta_comms: set[int] = set()
 
     # -- registration ---------------------------------------------------------------------
 
@@ -280,10 +286,11 @@ class ClusterComms:
         """
         data = ((open_msg or {}).get("content") or {}).get("data") or {}
         mismatch = protocol.version_mismatch(data.get("v") if isinstance(data, dict) else None)
+        theirs = data.get("v") if isinstance(data, dict) else None
         if mismatch:
             state = {"kernel": {"pid": os.getpid(), "version": __version__}, "error": mismatch}
             state.update(cell_running=self.cell_running, cluster=None)
-            comm.send({"type": "state", "v": SCHEMA_VERSION, "state": state})
+            comm.send({"type": "state", "v": SCHEMA_VERSION, "state": state, "version": 0})
             comm.close()
             return
         subshell = self.control_subshell()
@@ -293,17 +300,20 @@ class ClusterComms:
         comm.on_close(lambda _msg, comm=comm: self._closed(comm))
         with self._lock:
             self.comms.append(comm)
+            if theirs == SCHEMA_VERSION:
+                self._delta_comms.add(id(comm))
             stale = self.comms[:-MAX_COMMS]
             del self.comms[:-MAX_COMMS]
         for old in stale:
             with contextlib.suppress(Exception):
                 old.close()
-        self.push()
+        self.push(full=True)
 
     def _closed(self, comm) -> None:
         with self._lock:
             if comm in self.comms:
                 self.comms.remove(comm)
+            self._delta_comms.discard(id(comm))
             if not self.comms:
                 self._subscribe(None)
 
@@ -311,7 +321,7 @@ class ClusterComms:
         """Handle one message from the front end (on the control subshell)."""
         data = msg.get("content", {}).get("data", {})
         if isinstance(data, dict) and data.get("type") == "refresh":
-            self.push()
+            self.push(full=True)
             return
         if isinstance(data, dict) and data.get("type") == "group":
             group = data.get("group")
@@ -345,7 +355,8 @@ class ClusterComms:
                 "log": log,
             }
         )
-        self.push()
+        # A command may change much (a new cluster, a restarted world): the whole state.
+        self.push(full=True)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -392,25 +403,61 @@ class ClusterComms:
 
     # -- state ----------------------------------------------------------------------------
 
-    def push(self) -> None:
-        """Send the current state to every open comm (and follow the current hub)."""
+    def push(self, full: bool = False) -> None:
+        """Send what changed in the state to every open comm (and follow the current hub).
+
+        Parameters
+        ----------
+        full : bool
+            Send the whole state instead (a comm opened, or a front end lost track).
+        """
         with self._lock:
             if not self.comms:
                 return
             cluster = self.session.cluster
             self._subscribe(None if cluster is None else cluster.telemetry)
-        try:
-            state = cluster_state(
-                self.session, cell_running=self.cell_running, group=self.open_group
-            )
-        except Exception as e:  # noqa: BLE001 - a broken state must not break cells or telemetry
-            state = {
-                "kernel": {"pid": os.getpid(), "version": __version__},
-                "error": str(e),
-                "cell_running": self.cell_running,
-                "cluster": None,
-            }
-        self._send({"type": "state", "v": SCHEMA_VERSION, "state": state})
+        # Built and sent under one lock: the hub's thread, the control subshell and the
+        # main thread all push, and deltas must arrive in the order of their versions.
+        with self._push_lock:
+            try:
+                state = cluster_state(
+                    self.session, cell_running=self.cell_running, group=self.open_group
+                )
+            except Exception as e:  # noqa: BLE001 - a broken state must not break cells
+                state = {
+                    "kernel": {"pid": os.getpid(), "version": __version__},
+                    "error": str(e),
+                    "cell_running": self.cell_running,
+                    "cluster": None,
+                }
+            whole, delta = self._messages(state)
+            with self._lock:
+                comms = list(self.comms)
+            for comm in comms:
+                reads = not full and delta is not None and id(comm) in self._delta_comms
+                with contextlib.suppress(Exception):
+                    comm.send(delta if reads else whole)
+
+    def _messages(self, state: dict) -> tuple[dict, dict | None]:
+        """The state as a whole, and as a delta from the last push (None: no cluster)."""
+        c = state.get("cluster")
+        rows = self._feed.update(c["processes"] if c else [])
+        summary = c.get("summary") if c else None
+        changed = summary != self._summary
+        self._summary = summary
+        whole = {"type": "state", "v": SCHEMA_VERSION, "state": state, "version": rows["v"]}
+        if c is None:
+            return whole, None
+        small = {k: v for k, v in c.items() if k not in ("processes", "summary")}
+        out = {
+            "type": "delta",
+            "v": SCHEMA_VERSION,
+            "state": {**state, "cluster": small},
+            "rows": rows,
+        }
+        if changed:
+            out["summary"] = summary
+        return whole, out
 
     def _subscribe(self, hub) -> None:
         with self._lock:

@@ -3,10 +3,13 @@ import { PromiseDelegate, UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { applyDelta } from './delta';
 import {
   Action,
   COMM_TARGET,
   ICommand,
+  IDeltaMessage,
+  IGroupRequest,
   IReply,
   IState,
   SCHEMA_VERSION
@@ -88,6 +91,18 @@ export class KernelLink implements IDisposable {
     return pending.promise;
   }
 
+  /**
+   * Open one group of a large cluster's summary (null: back to the groups); the kernel
+   * answers with that group's rows.
+   */
+  openGroup(group: number | null): void {
+    const comm = this._comm;
+    if (comm && !comm.isDisposed) {
+      const msg: IGroupRequest = { type: 'group', group };
+      comm.send(msg as any);
+    }
+  }
+
   dispose(): void {
     if (this._isDisposed) {
       return;
@@ -166,6 +181,21 @@ export class KernelLink implements IDisposable {
     const data = msg.content.data as any;
     if (data?.type === 'state') {
       this._state = data.state as IState;
+      this._version = data.version ?? 0;
+      this._refreshing = false;
+      this._changed.emit();
+    } else if (data?.type === 'delta') {
+      const next = applyDelta(this._state, this._version, data as IDeltaMessage);
+      if (next === null) {
+        // A delta on another version than ours (one was lost): ask for the whole state.
+        if (!this._refreshing) {
+          this._refreshing = true;
+          comm.send({ type: 'refresh' } as any);
+        }
+        return;
+      }
+      this._state = next;
+      this._version = (data as IDeltaMessage).rows.v;
       this._changed.emit();
     } else if (data?.type === 'reply') {
       const reply = data as IReply;
@@ -180,6 +210,8 @@ export class KernelLink implements IDisposable {
     const comm = this._comm;
     this._comm = null;
     this._state = null;
+    this._version = 0;
+    this._refreshing = false;
     if (comm && !comm.isDisposed) {
       comm.dispose();
     }
@@ -192,6 +224,8 @@ export class KernelLink implements IDisposable {
 
   private _comm: Kernel.IComm | null = null;
   private _state: IState | null = null;
+  private _version = 0;
+  private _refreshing = false;
   private _isJaxsys: boolean | null = null;
   private _opening = false;
   private _generation = 0;

@@ -2,6 +2,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { stateCounts } from './delta';
 import { KernelLink } from './link';
 import { Action, IHealth, IProcess, IReply, IState } from './protocol';
 
@@ -53,6 +54,11 @@ export class JaxsysModel {
       return Promise.reject(new Error('no notebook with a jaxsys kernel'));
     }
     return this._link.command(action, rank);
+  }
+
+  /** Open one group of the current kernel's summary (null: back to the groups). */
+  openGroup(group: number | null): void {
+    this._link?.openGroup(group);
   }
 
   private _onCurrent(): void {
@@ -188,8 +194,10 @@ export function summary(state: IState | null): {
   const text =
     `${health.warning ? '⚠ ' : ''}jaxsys: ${health.state} · ` +
     `${c.alive}/${c.nprocs} processes alive · ${c.live_devices} devices${cache}`;
+  // Above the group size the title counts every state (the sidebar has the groups).
+  const counts = c.summary ? ` (${stateCounts(c.summary.by_state)})` : '';
   const title =
     (health.reason ? `${health.state}: ${health.reason}; ` : '') +
-    `${c.alive} of ${c.nprocs} processes alive; click for the jaxsys sidebar`;
+    `${c.alive} of ${c.nprocs} processes alive${counts}; click for the jaxsys sidebar`;
   return { text, kind: health.warning ? 'warning' : 'ok', title };
 }

@@ -1,14 +1,24 @@
 /**
- * The messages of the `jaxsys` comm (schema version 1), as the kernel defines them in
- * `jaxsys_kernel/kernel/comm.py`. The dashboard's control buttons send the same
- * `{action, rank}` commands.
+ * The messages of the `jaxsys` comm (schema version 2), as the kernel declares them in
+ * `jaxsys_kernel/protocol.py` (a unit test compares the two). The dashboard's control
+ * buttons send the same `{action, rank}` commands.
+ *
+ * The kernel sends the whole state when the comm opens (and on `refresh`), then `delta`
+ * messages: the state without rows and summary, the rows changed since a version, and the
+ * summary only when it changed.
  */
 
 /** The comm target the kernel registers. */
 export const COMM_TARGET = 'jaxsys';
 
 /** The schema version this front end reads. */
-export const SCHEMA_VERSION = 1;
+export const SCHEMA_VERSION = 2;
+
+/** What the kernel sends. */
+export type KernelMessage = 'state' | 'delta' | 'reply';
+
+/** What the front end sends. */
+export type FrontEndMessage = 'command' | 'refresh' | 'group';
 
 /** Every command the kernel accepts. */
 export type Action =
@@ -62,6 +72,44 @@ export interface ICache {
   bytes: number;
 }
 
+/** One group of consecutive ranks in a summary. */
+export interface IGroup {
+  group: number;
+  /** The ranks, as `0-31`. */
+  ranks: string;
+  /** The host, or `N hosts`. */
+  hosts: string;
+  /** Processes by state. */
+  states: Record<string, number>;
+  /** The most alarming state in the group. */
+  worst: string;
+  busy: number;
+  /** Whole seconds of the oldest heartbeat, 0 while fresh (null: none yet). */
+  oldest_heartbeat: number | null;
+}
+
+/** A cluster above the group size: counts, groups and shared errors. */
+export interface ISummary {
+  by_state: Record<string, number>;
+  group_size: number;
+  groups: IGroup[];
+  errors: { error: string; count: number; ranks: string }[];
+}
+
+/** The rows of a `delta` message: what changed since version `base`. */
+export interface IRowDelta {
+  /** The rows' version after this delta. */
+  v: number;
+  /** The version it applies to; another one held means: send `refresh`. */
+  base: number;
+  /** Changed rows by rank, without the heartbeat age. */
+  rows: Record<string, Partial<IProcess>>;
+  /** Ranks no longer shown. */
+  gone: number[];
+  /** The heartbeat age of every row shown, by rank. */
+  ages: Record<string, number | null>;
+}
+
 /** A running cluster. */
 export interface ICluster {
   state: string;
@@ -70,7 +118,12 @@ export interface ICluster {
   devices: number;
   live_devices: number;
   warning: boolean;
+  /** Every process up to the group size, else those of the open `group`. */
   processes: IProcess[];
+  /** Null up to the group size. */
+  summary?: ISummary | null;
+  /** The group whose rows are sent (null: none open). */
+  group?: number | null;
   cache: ICache | null;
   security: string;
   heartbeat_timeout: number | null;
@@ -98,6 +151,31 @@ export interface IState {
   health?: IHealth;
   cluster: ICluster | null;
   error?: string;
+}
+
+/** The whole state, and the version of its rows. */
+export interface IStateMessage {
+  type: 'state';
+  v: number;
+  state: IState;
+  version?: number;
+}
+
+/** What changed since the last message. */
+export interface IDeltaMessage {
+  type: 'delta';
+  v: number;
+  /** The state without `cluster.processes` and `cluster.summary`. */
+  state: IState;
+  rows: IRowDelta;
+  /** Present only when it changed. */
+  summary?: ISummary | null;
+}
+
+/** Opens one group of the summary (null closes it). */
+export interface IGroupRequest {
+  type: 'group';
+  group: number | null;
 }
 
 /** The kernel's answer to a command. */

@@ -2,6 +2,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
+import { GroupTable } from './groups';
 import { formatRate, formatSeconds, healthOf, JaxsysModel, launchText } from './model';
 import { Action, ICluster, IProcess, IReply } from './protocol';
 
@@ -109,7 +110,7 @@ export class JaxsysSidebar extends Widget {
     table.tHead!.append(header);
     // The table scrolls sideways when the sidebar is narrower than it.
     const scroller = el('div', 'jaxsys-table-scroll');
-    scroller.append(table);
+    scroller.append(this._groups.node, table);
     this.node.append(
       head,
       this._summary,
@@ -166,6 +167,7 @@ export class JaxsysSidebar extends Widget {
     for (const [action, node] of this._buttons) {
       node.disabled = !enabled[action] || this._busy.has(action);
     }
+    this._groups.render(c);
     this._renderRows(c, ready);
     this._renderGrid(c);
     this._renderCache(c);
@@ -174,6 +176,8 @@ export class JaxsysSidebar extends Widget {
 
   private _renderRows(c: ICluster | null, ready: boolean): void {
     const procs = c?.processes ?? [];
+    // Above the group size with no group open the groups say it all: no empty table.
+    this._rows.parentElement!.hidden = !!c?.summary && procs.length === 0;
     const seen = new Set<number>();
     for (const p of procs) {
       seen.add(p.rank);
@@ -313,6 +317,7 @@ export class JaxsysSidebar extends Widget {
     this._log.scrollTop = this._log.scrollHeight;
   }
 
+  private _groups = new GroupTable(group => this._model.openGroup(group));
   private _kernel = el('div', 'jaxsys-kernel');
   private _summary = el('div', 'jaxsys-summary');
   private _message = el('div', 'jaxsys-message');

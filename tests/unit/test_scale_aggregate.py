@@ -3,7 +3,10 @@
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from jaxsys_kernel.cluster.records import ProcessInfo
+from jaxsys_kernel.errors import ProtocolError
 from jaxsys_kernel.kernel import comm
 from jaxsys_kernel.telemetry import aggregate
 
@@ -91,13 +94,94 @@ def test_small_clusters_send_every_row_large_ones_a_summary_and_one_group():
     assert comm.cluster_state(big, group=99)["cluster"]["group"] is None
 
 
-def test_the_front_end_opens_a_group():
-    comms = comm.ClusterComms(SimpleNamespace(cluster=_cluster(1024)))
+def _opened(n, v=comm.SCHEMA_VERSION):
+    session = SimpleNamespace(cluster=_cluster(n))
+    comms = comm.ClusterComms(session)
     sent = []
     fake = SimpleNamespace(send=sent.append, on_msg=lambda f: None, on_close=lambda f: None)
-    comms.on_open(fake)
+    comms.on_open(fake, {"content": {"data": {"v": v}}})
+    return session, comms, sent
+
+
+def _held(sent):
+    """What a front end holds after every message sent so far."""
+    state = None
+    for msg in sent:
+        if msg["type"] == "state":
+            state = aggregate.held_state(msg)
+        elif msg["type"] == "delta":
+            state = aggregate.apply_delta(state, msg)
+    return state
+
+
+def test_the_front_end_opens_a_group():
+    _, comms, sent = _opened(1024)
     comms.on_msg({"content": {"data": {"type": "group", "group": 2}}})
-    assert sent[-1]["state"]["cluster"]["group"] == 2
-    assert len(sent[-1]["state"]["cluster"]["processes"]) == 32
+    assert sent[-1]["type"] == "delta" and sent[-1]["state"]["cluster"]["group"] == 2
+    # The drill-down carries the group's rows and nothing else.
+    assert sorted(sent[-1]["rows"]["rows"]) == list(range(64, 96))
+    assert [p["rank"] for p in _held(sent)["cluster"]["processes"]] == list(range(64, 96))
     comms.on_msg({"content": {"data": {"type": "group", "group": None}}})
-    assert sent[-1]["state"]["cluster"]["processes"] == []
+    assert sent[-1]["rows"]["gone"] == list(range(64, 96)) and sent[-1]["rows"]["rows"] == {}
+    assert _held(sent)["cluster"]["processes"] == []
+
+
+def test_pushes_after_the_first_send_only_what_changed():
+    session, comms, sent = _opened(1024)
+    assert sent[0]["type"] == "state" and sent[0]["state"]["cluster"]["summary"]
+    comms.push()
+    # Nothing changed: no rows, no summary, a few hundred bytes.
+    (steady,) = sent[1:]
+    assert steady["type"] == "delta" and "summary" not in steady
+    assert steady["rows"]["rows"] == {} and len(json.dumps(steady)) < 1500
+    session.cluster.processes[40].state = "dead"
+    comms.push()
+    assert sent[-1]["summary"]["by_state"] == {"alive": 1023, "dead": 1}
+    held = _held(sent)
+    assert held["cluster"]["summary"] == comm.cluster_state(session)["cluster"]["summary"]
+
+
+def test_small_clusters_get_row_deltas_that_add_up_to_the_state():
+    session, comms, sent = _opened(8)
+    session.cluster.processes[3].state = "dead"
+    comms.push()
+    comms.push()
+    assert list(sent[1]["rows"]["rows"]) == [3] and sent[2]["rows"]["rows"] == {}
+    assert sorted(sent[2]["rows"]["ages"]) == list(range(8))
+    want = comm.cluster_state(session)["cluster"]["processes"]
+    assert _held(sent)["cluster"]["processes"] == want
+
+
+def test_a_delta_on_another_version_is_refused():
+    _, comms, sent = _opened(8)
+    comms.push()
+    with pytest.raises(ProtocolError, match="version"):
+        aggregate.apply_delta({"_version": 99}, sent[-1])
+
+
+def test_feed_sends_ages_of_the_shown_rows_only():
+    feed = aggregate.RowFeed()
+    first = feed.update(rows(4))
+    assert (first["base"], sorted(first["rows"]), first["gone"]) == (0, [0, 1, 2, 3], [])
+    assert "heartbeat_age" not in first["rows"][0] and first["ages"][1] == 1.4
+    second = feed.update(rows(4)[2:])
+    assert (second["base"], second["rows"], second["gone"]) == (first["v"], {}, [0, 1])
+    assert sorted(second["ages"]) == [2, 3]
+    held = aggregate.apply_rows(aggregate.apply_rows({}, first), second)
+    assert held == {r["rank"]: r for r in rows(4)[2:]}
+
+
+def test_a_fresh_heartbeat_does_not_change_the_summary():
+    fresh = rows(128)
+    for r in fresh:
+        r["heartbeat_age"] = 1.3
+    assert {g["oldest_heartbeat"] for g in aggregate.summarize(fresh)["groups"]} == {0}
+    fresh[0]["heartbeat_age"] = 7.9
+    assert aggregate.summarize(fresh)["groups"][0]["oldest_heartbeat"] == 7
+
+
+def test_a_version_1_front_end_gets_whole_states():
+    session, comms, sent = _opened(8, v=1)
+    comms.push()
+    assert [m["type"] for m in sent] == ["state", "state"]
+    assert len(sent[-1]["state"]["cluster"]["processes"]) == 8

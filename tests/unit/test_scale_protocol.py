@@ -95,3 +95,42 @@ def test_a_front_end_of_another_version_is_told_and_closed():
     comms.on_open(same, {"content": {"data": {"v": protocol.SCHEMA_VERSION}}})
     assert not same.closed and comms.comms == [same]
     assert "error" not in same.sent[-1]["state"]
+
+
+def ts_fields(interface: str) -> list[str]:
+    """The field names of ``export interface <name> { ... }`` in protocol.ts."""
+    text = _strip_comments(TS.read_text())
+    match = re.search(rf"export interface {interface}\s*\{{(.*?)\n\}}", text, flags=re.S)
+    assert match, f"protocol.ts declares no interface {interface}"
+    return re.findall(r"^\s*(\w+)\??:", match.group(1), flags=re.M)
+
+
+def test_message_types_agree():
+    assert ts_union("KernelMessage") == list(protocol.KERNEL_MESSAGES)
+    assert ts_union("FrontEndMessage") == list(protocol.FRONT_END_MESSAGES)
+
+
+def test_summary_group_and_delta_fields_agree():
+    from jaxsys_kernel.telemetry import aggregate
+
+    assert ts_fields("ISummary") == list(protocol.SUMMARY_FIELDS)
+    assert ts_fields("IGroup") == list(protocol.GROUP_FIELDS)
+    assert ts_fields("IRowDelta") == list(protocol.DELTA_FIELDS)
+    # What the kernel builds has exactly the declared fields.
+    rows = [
+        {"rank": r, "host": "h", "state": "alive", "busy": False, "heartbeat_age": 0.1}
+        for r in range(100)
+    ]
+    summary = aggregate.summarize(rows)
+    assert list(summary) == list(protocol.SUMMARY_FIELDS)
+    assert list(summary["groups"][0]) == list(protocol.GROUP_FIELDS)
+    assert list(aggregate.RowFeed().update(rows)) == list(protocol.DELTA_FIELDS)
+    assert "summary" in ts_fields("ICluster") and "group" in ts_fields("ICluster")
+
+
+def test_field_parser_sees_a_missing_field(tmp_path, monkeypatch):
+    changed = TS.read_text().replace("  gone: number[];\n", "")
+    fake = tmp_path / "protocol.ts"
+    fake.write_text(changed)
+    monkeypatch.setattr(sys.modules[__name__], "TS", fake)
+    assert "gone" not in ts_fields("IRowDelta")
