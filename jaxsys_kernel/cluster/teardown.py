@@ -17,6 +17,9 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 
+import psutil
+import zmq
+
 from .. import _compat
 from .profile import controller_file, remove_profile
 
@@ -40,8 +43,6 @@ def pid_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     try:
-        import psutil
-
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except Exception:  # noqa: BLE001 - psutil races with the exit; alive is the safe answer
         return True
@@ -64,8 +65,6 @@ def killpg_all(pids: Sequence[int]) -> None:
 
 def wait_gone(pids: Sequence[int], timeout: float) -> None:
     """Wait, at most ``timeout`` seconds, until none of ``pids`` runs (zombies count as gone)."""
-    import psutil
-
     procs = []
     for pid in pids:
         try:
@@ -200,7 +199,8 @@ async def unregister(world, engine_ids: set[int]) -> None:
 def send_unregistration(world, engine_ids: set[int]) -> None:
     """Send the hub an ``unregistration_request`` for each engine, over its registration
     socket (with CurveZMQ when the controller uses it)."""
-    import zmq
+    # Deferred: importing ipyparallel takes most of a second, which the kernel's start-up
+    # should not pay for a teardown that may never come.
     from ipyparallel import util
 
     ipp = world.ipp

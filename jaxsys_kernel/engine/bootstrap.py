@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -140,8 +141,6 @@ def _host_address(host: str) -> str:
 
 def _own_stack_file() -> str:
     """A stack file on this host: in the engine's profile if it has one, else in /tmp."""
-    import tempfile
-
     base = os.path.join(os.environ.get("IPP_PROFILE_DIR", ""), "log")
     if not os.path.isdir(base):
         base = tempfile.gettempdir()
@@ -256,11 +255,12 @@ def start_early_init() -> None:
 
     def run():
         try:
+            # Deferred: this thread exists to import JAX while the engine registers.
             import jax  # noqa: F401 - the import is the point
 
             if not coordinator:
-                # A standby engine: what taking over and joining will import, imported now,
-                # while nobody waits for it.
+                # Deferred: a standby engine imports now, while nobody waits for it, what
+                # taking over and joining will need.
                 from . import agent, display, output, transfers  # noqa: F401
             if coordinator:
                 if env.num_processes is None:
@@ -349,6 +349,7 @@ def _join(
     heartbeat_timeout: float | None,
 ) -> dict:
     t0 = time.perf_counter()
+    # Deferred: engines import JAX only once start-up is under way (start_early_init).
     import jax
 
     # Deferred: only processes with --transfer-ports need it, after JAX is imported.

@@ -151,6 +151,8 @@ class Launcher:
 
     def make_ipp_cluster(self, profile: Path, secure: bool):
         """The ipyparallel ``Cluster`` that runs the controller and launches engines."""
+        # Deferred: importing ipyparallel takes most of a second, paid only once a cluster
+        # starts, not when the kernel does.
         import ipyparallel as ipp
 
         controller_args = [
@@ -199,8 +201,8 @@ class Launcher:
     def option_names(cls) -> tuple[str, set[str]]:
         """What ``launcher_options`` may name, and whose settings they are: by default
         those of ipyparallel's engine launcher."""
-        # Imported here: ipyparallel's launchers take a while to import and only this
-        # check needs them before a cluster starts.
+        # Deferred: ipyparallel's launchers take a while to import and only this check
+        # needs them before a cluster starts.
         from ipyparallel.cluster.launcher import find_launcher_class
 
         ipp_cls = find_launcher_class(cls.ipp_launcher or cls.name, "engine")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 
 from ...errors import ConfigError
 from .base import Launcher
@@ -36,8 +37,6 @@ class UnknownLauncherError(ConfigError):
 
 
 def _entry_points() -> list:
-    from importlib.metadata import entry_points
-
     return list(entry_points(group=ENTRY_POINT_GROUP))
 
 

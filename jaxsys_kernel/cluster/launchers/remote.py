@@ -73,6 +73,7 @@ class SshLauncher(Launcher):
         """What ``ipyparallel.Cluster.start_engines`` does, with the blocking ssh calls of
         the launcher's ``start`` moved to a worker thread, so that hosts start in parallel.
         """
+        # Deferred: tornado arrives with ipyparallel, which only a starting cluster imports.
         from tornado.ioloop import IOLoop
 
         ipp = self.ipp
