@@ -172,11 +172,12 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
     async def _start(self) -> Cluster:
         if self.state != "stopped":
             raise ClusterError(f"the cluster is already {self.state}; stop it first")
+        world = self.world
+        # Refused before anything starts: a launcher that cannot keep the standby asked for.
+        world.standby = standby.for_launcher(self.config, self._launcher)
         t0 = time.perf_counter()
         self.state = "starting"
-        world = self.world
         world.processes = [ProcessInfo(rank=r) for r in self.ranks]
-        world.standby = standby.for_launcher(self.config, self._launcher)
         try:
             await bringup.start_services(world)
             # Engines boot (Python, IPython, `import jax`) while the controller starts.
@@ -375,7 +376,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
     def _refill_standby(self) -> None:
         """Top the standby up in the background (called on the cluster's loop)."""
         if self.world.standby.decide_size(self.world) and self.world.standby.wanted():
-            self._refill = asyncio.get_running_loop().create_task(self._fill_standby())
+            # Kept, so that the task is not collected while it runs.
+            self._refill_task = asyncio.get_running_loop().create_task(self._fill_standby())
 
     async def _fill_standby(self) -> None:
         try:

@@ -148,3 +148,12 @@ def test_describe_counts_ready_and_booting():
     s = _standby_with({0: 1000, 1: 1001})
     world = _world({0: 1000, 1: 1001}, {1000: True})
     assert s.describe(world) == {"size": 2, "ready": 1, "booting": 1, "taken": 0, "note": None}
+
+
+def test_a_standby_the_launcher_cannot_keep_is_refused_before_anything_starts():
+    from jaxsys_kernel import Cluster
+
+    cluster = Cluster(hosts=2, launcher="mpi", standby=2, progress=lambda e: None)
+    with pytest.raises(ConfigError, match="cannot keep standby processes"):
+        cluster.start_sync()
+    assert cluster.state == "stopped"
