@@ -169,6 +169,7 @@ _HEADER = '''\
 
 import ast
 import os
+import signal
 import sys
 import traceback
 
@@ -202,6 +203,10 @@ if os.environ.get("JAXSYS_COORDINATOR"):
     )
 # Without a coordinator given, JAX finds it itself under Slurm and Open MPI.
 jax.distributed.initialize(**kwargs)
+# JAX catches SIGTERM (for preemption notices); a launcher stopping the job after another
+# process failed sends SIGTERM first, and only its SIGKILL, up to Slurm's KillWait later,
+# would end a process waiting in a collective. Leave at once instead.
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 RANK, SIZE = jax.process_index(), jax.process_count()
 
 CELLS = [

@@ -13,10 +13,15 @@ from .program import CELL_MARK, ERROR_MARK, Program
 
 # What gloo prints (from C++, not from the cell) when a collective first connects.
 # Two processes' threads may write its two halves apart.
-GLOO_CHATTER = re.compile(
+GLOO_CHATTER = (
     r"^\[Gloo\] Rank \d+\s*$|(\[Gloo\] Rank \d+)? ?is connected to \d+ peer ranks\. "
     r"Expected number of connected peer ranks is : \d+"
 )
+# What a launcher writes into a process's output when it stops the others after one failed
+# (Slurm's step daemon): the process's own output ends there, as it does under the local
+# launcher, which says nothing.
+LAUNCHER_CHATTER = r"^slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT .*$"
+NOISE = re.compile(f"{GLOO_CHATTER}|{LAUNCHER_CHATTER}")
 
 
 @dataclass
@@ -58,7 +63,7 @@ def collate_outputs(prog: Program, outputs: dict[int, str]) -> JobResult:
     failures: dict[int, list[int]] = {}
     for cell in prog.cells:
         emitted: list[str] = []
-        collator = LineCollator(ranks, emitted.append, drop=GLOO_CHATTER)
+        collator = LineCollator(ranks, emitted.append, drop=NOISE)
         for rank in ranks:
             collator.feed(rank, split[rank][0].get(cell.index, ""))
         for rank in ranks:
