@@ -6,8 +6,10 @@ internals, kernel subshells). Each reach is a small function here, so an upgrade
 one breaks in this file, and :func:`check_versions` refuses versions it was not written for
 with a clear error instead of an ``AttributeError`` deep inside a cell.
 
-Imports of ipyparallel and ipykernel are inside the functions: the engines import this
-module too, and importing either package costs time they do not need to spend. JAX is never
+Imports of ipyparallel and ipykernel are inside the functions: the ``jaxsys`` command
+imports this module (through the cluster package) and never needs either, and ipyparallel
+alone takes most of a second to import; the engine's own application module is only
+loaded in engines. JAX is never
 imported here, not even inside a function (the kernel side imports this module and must not
 import JAX; import-linter reads imports in functions too): its functions take JAX's version
 or objects from their callers on the engines.
@@ -16,6 +18,7 @@ or objects from their callers on the engines.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from .errors import JaxsysError
 
@@ -49,11 +52,13 @@ def check_versions(ipyparallel_version: str | None = None, ipykernel_version: st
         Versions to check instead of the installed ones (for tests).
     """
     if ipyparallel_version is None:
+        # Deferred: ipyparallel and ipykernel take most of a second to import, and the
+        # `jaxsys` command imports this module without needing them (module docstring).
         import ipyparallel
 
         ipyparallel_version = ipyparallel.__version__
     if ipykernel_version is None:
-        import ipykernel
+        import ipykernel  # Deferred: as ipyparallel above.
 
         ipykernel_version = ipykernel.__version__
     problems = []
@@ -100,8 +105,6 @@ def send_execute(client, view, engine_ids: Sequence[int], code: str, hook) -> No
 
 def attach_engine_set(ipp_cluster, set_id: str, engine_set) -> None:
     """Tell an ipyparallel Cluster about an engine set it did not start itself."""
-    from functools import partial
-
     ipp_cluster.engines[set_id] = engine_set
     engine_set.on_stop(partial(ipp_cluster._engines_stopped, set_id))
 
@@ -133,6 +136,8 @@ def ssh_kill(launcher, pid: int, sig: int) -> None:
 def nanny_pid() -> int | None:
     """The pid of this engine's nanny, or None without one (or outside an engine)."""
     try:
+        # Deferred: only engines run the engine application; the kernel and the `jaxsys`
+        # command import this module too and would load it for nothing.
         from ipyparallel.engine.app import IPEngine
 
         if IPEngine.initialized():
@@ -146,7 +151,7 @@ def nanny_pid() -> int | None:
 def engine_heartbeat_monitor_port() -> int | None:
     """The port of this engine's heartbeat monitor (a SUB socket on loopback), or None."""
     try:
-        from ipyparallel.engine.app import IPEngine
+        from ipyparallel.engine.app import IPEngine  # Deferred: as in nanny_pid.
 
         if IPEngine.initialized():
             listener = getattr(IPEngine.instance(), "_hb_listener", None)

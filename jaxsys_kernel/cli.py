@@ -10,14 +10,25 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
+
+import nbclient
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_core.paths import jupyter_runtime_dir
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
+from traitlets.config import Config
 
 from . import contract, saved
 from ._version import __version__
+from .cluster import Cluster
 from .cluster.config import ClusterConfig
 from .cluster.options import OVERRIDES_VARIABLE, checked, jsonable, kernelspec_layer, merge_layers
 from .cluster.teardown import pid_alive
 from .errors import ConfigError
+from .job.cli import add_parser as add_job_parser
+from .job.cli import cmd_job
 
 STATE_DIR = Path(os.environ.get(contract.STATE_DIR, Path.home() / ".jaxsys" / "clusters"))
 
@@ -31,6 +42,8 @@ def _state_file(name: str) -> Path:
 
 def cmd_install_kernel(args: argparse.Namespace) -> int:
     """Install the jaxsys kernelspec."""
+    # Deferred: the kernel package brings ipykernel and ipyparallel, which only installing
+    # or checking the kernelspec needs, not `jaxsys cluster status`.
     from .kernel.spec import install_kernel_spec
 
     path = install_kernel_spec(
@@ -41,8 +54,7 @@ def cmd_install_kernel(args: argparse.Namespace) -> int:
 
 
 def _ensure_kernelspec() -> None:
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
+    # Deferred: as in cmd_install_kernel, the kernel package is for the commands that use it.
     from .kernel.spec import KERNEL_NAME, install_kernel_spec
 
     try:
@@ -74,10 +86,6 @@ def cmd_lab(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _ipc_prefix() -> str:
     """A fresh, absolute path prefix for a kernel's sockets, in Jupyter's runtime folder."""
-    import uuid
-
-    from jupyter_core.paths import jupyter_runtime_dir
-
     folder = Path(jupyter_runtime_dir())
     folder.mkdir(parents=True, exist_ok=True)
     return str(folder / f"jaxsys-run-{uuid.uuid4().hex[:12]}")
@@ -114,13 +122,9 @@ def run_notebook(
     nbclient.exceptions.CellExecutionError
         When a cell fails; the notebook is still saved to ``output`` first.
     """
-    import nbformat
-    from nbclient import NotebookClient
-    from traitlets.config import Config
-
     _ensure_kernelspec()
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
+    client = nbclient.NotebookClient(
         nb,
         # The kernel and this process share the machine: Unix sockets, not plain TCP,
         # carry the notebook's code and outputs between them. Their path is absolute: the
@@ -146,8 +150,6 @@ def run_notebook(
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a notebook; exit code 1 and the failing cell on error."""
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-
     if not Path(args.notebook).is_file():
         print(f"jaxsys run: no such notebook: {args.notebook}", file=sys.stderr)
         return 2
@@ -172,8 +174,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _serve_cluster(args: argparse.Namespace) -> int:
     """Own a cluster in this process until SIGTERM or SIGINT, publishing its state."""
-    from .cluster import Cluster
-
     state_file = _state_file(args.name)
     state_file.parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(config=cluster_config(args))
@@ -306,6 +306,8 @@ def _print_cluster_status(name: str, state: dict) -> int:
     if state.get("error"):
         print(f"error: {state['error']}")
     if state.get("processes"):
+        # Deferred: the magics bring ipykernel and ipyparallel, for a table only a state
+        # file with processes in it needs.
         from .magics.magics import format_status
 
         rows = [
@@ -363,8 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     _option_group(cl, "cluster options (over $JAXSYS_* and --config)")
     cl.add_argument("--foreground", action="store_true", help="own the cluster in this process")
 
-    from .job.cli import add_parser as add_job_parser
-
     add_job_parser(sub)
 
     ik = sub.add_parser("install-kernel", help="install the jaxsys kernelspec")
@@ -390,8 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cluster":
         return cmd_cluster(args)
     if args.command == "job":
-        from .job.cli import cmd_job
-
         return cmd_job(args)
     return cmd_install_kernel(args)
 

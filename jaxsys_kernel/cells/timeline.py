@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from IPython.display import display
 
 from ..engine.hooks import PROFILE_MARK as MARK
 from ..engine.registry import engine_module
@@ -233,8 +236,6 @@ def summary(merged: dict, limit: int = VIEW_SPANS) -> dict:
 
 def save(merged: dict, directory, name: str) -> str:
     """Write ``merged`` as ``<directory>/<name>.trace.json.gz``; returns the path."""
-    import os
-
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{name}.trace.json.gz")
     # The fastest compression: a trace is written once and read once, and level 9 takes
@@ -277,8 +278,8 @@ def collect(cluster, ranks: Sequence[int], name: str) -> dict:
 
 def show(collected: dict) -> None:
     """Say where the merged trace is and how well clocks agree, and show the view."""
-    from IPython.display import display
-
+    # Deferred: the widgets (anywidget, ipywidgets) take most of a second to import, and
+    # the kernel imports this module at start whether or not a timeline is ever shown.
     from ..widgets.timeline import TimelineView
 
     worst = max(o.error for o in collected["offsets"].values())

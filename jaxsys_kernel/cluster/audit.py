@@ -14,6 +14,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+from ipykernel.connect import get_connection_file
+from IPython import get_ipython
+
 from .. import _compat
 from .._ranges import format_procs
 from ..engine.registry import engine_module
@@ -117,8 +121,6 @@ def _controller_roles(ipp) -> tuple[dict[int, str], dict]:
 
 def _controller_endpoints(cluster) -> list[Endpoint]:
     """Every socket the controller and its scheduler processes listen on."""
-    import psutil
-
     ipp = cluster.world.ipp
     roles, info = _controller_roles(ipp)
     curve = bool(info.get("curve_serverkey"))
@@ -159,8 +161,6 @@ def _kernel_roles(cluster) -> dict[int, tuple[str, str, str]]:
                 "heartbeats, cache events and refusals travel in the clear: start with security on",
             )
     try:
-        from IPython import get_ipython
-
         kernel = getattr(get_ipython(), "kernel", None)
         pipe = _compat.kernel_pipe_port(kernel) if kernel is not None else None
     except Exception:  # noqa: BLE001 - outside a kernel there is no pipe
@@ -178,8 +178,6 @@ def _kernel_roles(cluster) -> dict[int, tuple[str, str, str]]:
 
 def _kernel_channel_roles() -> dict[int, tuple[str, str, str]]:
     try:
-        from ipykernel.connect import get_connection_file
-
         info = json.loads(Path(get_connection_file()).read_text())
     except Exception:  # noqa: BLE001 - outside a kernel there are no kernel channels
         return {}
@@ -219,6 +217,8 @@ def _kernel_endpoints(cluster) -> list[Endpoint]:
 
 def _server_endpoints() -> list[Endpoint]:
     try:
+        # Deferred: the server application takes seconds to import, and the kernel imports
+        # this module at start (through the magics) for an audit it may never run.
         from jupyter_server.serverapp import list_running_servers
     except ImportError:
         return []

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
+import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from .. import contract
@@ -461,10 +464,6 @@ def default_cache_dir() -> str:
     of one jaxlib can never hit in another (the version is part of every key), so keeping
     them apart costs nothing and keeps each directory's size honest.
     """
-    import getpass
-    import tempfile
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         jaxlib = version("jaxlib")
     except PackageNotFoundError:

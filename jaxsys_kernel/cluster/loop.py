@@ -14,6 +14,7 @@ import concurrent.futures
 import functools
 import inspect
 import queue
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -159,8 +160,8 @@ _bars: dict[str, Any] = {}
 
 def default_progress(event: ProgressEvent) -> None:
     """Show a progress event as one line on stdout, updated in place (one line per stage)."""
-    import sys
-
+    # Deferred: tqdm takes a fifth of a second to import, and `jaxsys cluster status`
+    # imports this module (through the cluster package) and never shows progress.
     from tqdm.std import tqdm
 
     bar = _bars.get(event.stage)

@@ -13,11 +13,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import math
+import os
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from .. import contract
 from ..errors import ConfigError
 
 # Options whose values are mappings: a higher layer adds to them key by key.
@@ -226,8 +231,6 @@ def parameters_doc(config_class: type) -> str:
 
 
 def _wrap(text: str) -> list[str]:
-    import textwrap
-
     return textwrap.wrap(text, 84, initial_indent="    ", subsequent_indent="    ")
 
 
@@ -236,8 +239,6 @@ def _wrap(text: str) -> list[str]:
 
 def jsonable(value: Any) -> Any:
     """``value`` in JSON's types: mappings with str keys, sequences as lists, paths as str."""
-    import os
-
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, os.PathLike):
@@ -301,9 +302,6 @@ def checked(config_class: type, options: Mapping[str, Any], where: str) -> dict[
 
 def write_file(path: Any, options: Mapping[str, Any]) -> None:
     """Write ``options`` as indented JSON."""
-    import json
-    from pathlib import Path
-
     Path(path).write_text(json.dumps(options, indent=2, sort_keys=True) + "\n")
 
 
@@ -315,9 +313,6 @@ def read_file(path: Any) -> Any:
     ConfigError
         Naming the file, when it cannot be read or is not JSON.
     """
-    import json
-    from pathlib import Path
-
     try:
         return json.loads(Path(path).read_text())
     except OSError as e:
@@ -334,8 +329,6 @@ def kernelspec_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     ConfigError
         Naming the variable, for a count that is no whole number of at least 1.
     """
-    from .. import contract
-
     layer: dict[str, Any] = {}
     for name, variable in (
         ("hosts", contract.HOSTS),
@@ -363,8 +356,6 @@ def overrides_from(environ: Mapping[str, str], config_class: type) -> dict[str, 
     ConfigError
         Naming the variable, when it holds no valid options.
     """
-    import json
-
     raw = environ.get(OVERRIDES_VARIABLE)
     if not raw:
         return {}

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from traitlets.log import get_logger
+
 from .. import contract
 from .pki import ClusterPKI, peer_certificate_serial
 from .records import ClusterError
@@ -173,8 +175,6 @@ def quiet_curve_signing_warning() -> None:
     # With CurveZMQ, ipyparallel gives its sessions an empty HMAC key (Curve authenticates
     # and encrypts instead), and jupyter_client then warns that signing is disabled: on a
     # secure cluster that warning says the opposite of the truth.
-    from traitlets.log import get_logger
-
     logger = get_logger()
     if _curve_filter not in logger.filters:
         logger.addFilter(_curve_filter)

@@ -28,6 +28,9 @@ import sys
 import threading
 import time
 
+from IPython import get_ipython
+from IPython.display import publish_display_data
+
 from .. import _compat
 from . import hooks
 
@@ -42,6 +45,8 @@ _LIBRARY = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep, os.sep + "jaxsy
 
 def supported() -> str | None:
     """None when this JAX version's dispatch records can be read, else the reason why not."""
+    # Deferred: the hooks load this module in engines that have imported JAX already; the
+    # unit tests of its frame and logger logic run without JAX, which takes seconds to load.
     import jax
 
     return _compat.jax_dispatch_unsupported(jax.__version__)
@@ -87,7 +92,7 @@ def describe(call: dict) -> dict | None:
 
     ``call`` is what :func:`jaxsys_kernel._compat.jax_dispatch_call` read from JAX's frame.
     """
-    import jax
+    import jax  # Deferred: as in supported().
 
     args = call["args"]
     arg_shardings = [getattr(a, "sharding", None) for a in args]
@@ -147,7 +152,7 @@ class Recorder:
 
     def start(self) -> None:
         """Begin a cell: turn on JAX's dispatch records and the position sampler."""
-        import jax
+        import jax  # Deferred: as in supported().
 
         self.seq = 0
         self.thread = threading.current_thread()
@@ -161,7 +166,7 @@ class Recorder:
 
     def stop(self) -> None:
         """End the cell: records off, sampler stopped, JAX's option as the user had it."""
-        import jax
+        import jax  # Deferred: as in supported().
 
         self.active = False
         self._stop.set()
@@ -219,9 +224,6 @@ def _thread_clock(thread: threading.Thread):
 
 def _publisher():
     """A ``publish(record)`` bound to the current cell, usable from any thread."""
-    from IPython import get_ipython
-    from IPython.display import publish_display_data
-
     shell = get_ipython()
     header = getattr(shell, "parent_header", None) or {}
     pub = getattr(shell, "display_pub", None)

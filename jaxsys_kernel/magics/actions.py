@@ -16,6 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import publish_display_data
 
 from ..cluster import standby
+from ..cluster.audit import audit, format_audit, format_refusals
 from ..telemetry.memory import format_bytes, memory_line
 from . import actions_help
 from .actions_args import cluster_arguments, did_you_mean, processes, split
@@ -262,9 +263,6 @@ def security(session, args: argparse.Namespace) -> None:
 
         %jaxsys security
     """
-    # Deferred: the audit pulls in the TLS machinery, which only this action needs.
-    from ..cluster.audit import audit, format_audit, format_refusals
-
     print(f"security: {session.require_cluster().security}")
     print(format_audit(audit(session.cluster)))
     if session.cluster.pki is not None:

@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import contract
+from ..cluster.allocation_slurm import SlurmAllocation
 from ..cluster.config import ClusterConfig
 from ..cluster.launchers.registry import describe, names_where
 
@@ -78,8 +79,6 @@ def attach(session, args: argparse.Namespace) -> None:
 
         %jaxsys attach 1234 --hosts 4
     """
-    from ..cluster.allocation_slurm import SlurmAllocation
-
     # The launcher that starts engines in a running job: the one that takes a job's id.
     able = names_where(lambda k: k.takes_options and "job_id" in k.option_names()[1])
     if len(able) != 1:
