@@ -64,7 +64,7 @@ def _group(index: int, rows: list[dict]) -> dict:
     for r in rows:
         states[r["state"]] = states.get(r["state"], 0) + 1
     ages = [r["heartbeat_age"] for r in rows if r.get("heartbeat_age") is not None]
-    hosts = sorted({r["host"] for r in rows if r["host"]})
+    hosts = sorted({r.get("host") for r in rows if r.get("host")})
     return {
         "group": index,
         "ranks": format_procs([r["rank"] for r in rows], prefix=""),

@@ -20,10 +20,12 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from ..telemetry import aggregate
 from . import fallback
 from .artifact import ArtifactView
 from .dataplan import DataPlanView
 from .esm import view_module
+from .rowsync import RowsMixin, cache_summary, change_log
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -205,8 +207,11 @@ class ShardingView(_View):
                 self.selected_process = selected_process
 
 
-class CacheView(_View):
+class CacheView(RowsMixin, _View):
     """Compilation-cache statistics, one table row per process plus a total.
+
+    Above :data:`~jaxsys_kernel.telemetry.aggregate.ROWS_UP_TO` processes, a row per group
+    of ranks (``summary``), and the rows of the group opened (``open_group``) in ``stats``.
 
     Parameters
     ----------
@@ -225,12 +230,18 @@ class CacheView(_View):
 
     def __init__(self, stats: Iterable[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(stats=[_plain(s) for s in stats or ()], **kwargs)
+        self._start_rows("stats", cache_summary, ages=False)
+
+    @property
+    def records(self) -> list[dict]:
+        """Every process's statistics (``stats`` holds the rows drawn)."""
+        return self._rows.records
 
     def static(self) -> dict[str, str]:
         """The statistics as an HTML and a text table."""
         return {
-            "text/html": fallback.cache_html(self.stats),
-            "text/plain": fallback.cache_text(self.stats),
+            "text/html": fallback.cache_html(self.records),
+            "text/plain": fallback.cache_text(self.records),
         }
 
     def update(self, stats: Iterable[Any]) -> None:
@@ -241,12 +252,16 @@ class CacheView(_View):
         stats : list of dict or CacheStats
             Per-process records.
         """
-        with self.hold_sync():
-            self.stats = [_plain(s) for s in stats]
+        self._rows.set([_plain(s) for s in stats])
 
 
-class LiveDevicesView(_View):
+class LiveDevicesView(RowsMixin, _View):
     """Which processes and devices are alive, with heartbeat ages and an event log.
+
+    Rows change by deltas and the log by appended lines. Above
+    :data:`~jaxsys_kernel.telemetry.aggregate.ROWS_UP_TO` processes the view shows a
+    summary (counts by state, groups of ranks, shared errors) and the rows of the group
+    opened (``open_group``) in ``liveness``.
 
     Parameters
     ----------
@@ -299,12 +314,18 @@ class LiveDevicesView(_View):
             event_log=list(log or ())[-MAX_LOG:],
             **kwargs,
         )
+        self._start_rows("liveness", aggregate.summarize, ages=True)
+
+    @property
+    def records(self) -> list[dict]:
+        """Every process's liveness (``liveness`` holds the rows drawn)."""
+        return self._rows.records
 
     def static(self) -> dict[str, str]:
         """The liveness table and the newest log lines, as HTML and text."""
         return {
-            "text/html": fallback.live_html(self.liveness, self.event_log),
-            "text/plain": fallback.live_text(self.liveness, self.event_log),
+            "text/html": fallback.live_html(self.records, self.event_log),
+            "text/plain": fallback.live_text(self.records, self.event_log),
         }
 
     def update(
@@ -325,13 +346,11 @@ class LiveDevicesView(_View):
         append : list of str, optional
             Lines added after the log (after ``log`` if both are given).
         """
-        with self.hold_sync():
-            if liveness is not None:
-                self.liveness = [_plain(p) for p in liveness]
-            lines = list(self.event_log if log is None else log)
-            extra = list(append)
-            if log is not None or extra:
-                self.event_log = (lines + extra)[-MAX_LOG:]
+        told = change_log(self, log, list(append), MAX_LOG)
+        if liveness is not None:
+            self._rows.set([_plain(p) for p in liveness], told)
+        elif told:
+            self.send({"type": "log", **told["log"]})
 
 
 class Dashboard(ipywidgets.GridBox):
@@ -398,8 +417,8 @@ class Dashboard(ipywidgets.GridBox):
             self.mesh.info,
             self.sharding.info,
             tuple(self.sharding.dims),
-            self.cache.stats,
-            self.live.liveness,
+            self.cache.records,
+            self.live.records,
             self.live.event_log,
         )
         return _with_static(super()._repr_mimebundle_(**kwargs), static)

@@ -1,7 +1,7 @@
 // @ts-check
 // CacheView: compilation-cache statistics, one row per process plus a total.
 // Python inlines shared.js in place of the import below (see shared.js for why).
-import { formatBytes, formatRanges, formatSeconds, h, mount } from "./shared.js";
+import { formatBytes, formatRanges, formatSeconds, groupButtons, h, mount } from "./shared.js";
 
 /** @typedef {import("./shared.js").AnyModel} AnyModel */
 
@@ -32,7 +32,22 @@ function thresholdsText(stats) {
 function renderCache(model, root) {
   /** @type {any[]} */
   const stats = model.get("stats") || [];
+  const groups = model.get("summary")?.groups || [];
   root.append(h("div", { class: "jxs-title" }, [h("b", {}, ["Compilation cache"])]));
+  if (groups.length) {
+    // Above the group size: a row per group of ranks; a click shows the group's processes.
+    /** @param {string} k */
+    const sum = (k) => groups.reduce((/** @type {number} */ a, /** @type {any} */ g) => a + (g[k] ?? 0), 0);
+    const req = sum("requests");
+    root.append(h("div", { class: "jxs-muted" }, [
+      `all: ${sum("hits")} hits of ${req} requests (${req ? Math.round((100 * sum("hits")) / req) : 0}%)`
+      + ` · ${sum("compiles")} compiles · ${formatSeconds(sum("compile_time"))} compiling`
+      + ` · ${formatSeconds(sum("time_saved"))} saved`,
+    ]));
+    root.append(groupButtons(model, groups, (g) => `${g.hits}/${g.requests} hits · `
+      + `${g.compiles} compiles · ${formatSeconds(g.time_saved)} saved · ${formatBytes(g.bytes)}`));
+  }
+  if (!stats.length && groups.length) return;
   if (!stats.length) {
     root.append(h("div", { class: "jxs-empty" }, ["No cache statistics yet."]));
     return;
@@ -119,7 +134,7 @@ function renderCache(model, root) {
 }
 
 /** @type {import("./shared.js").ViewSpec} */
-const VIEW = { kind: "cache", draw: renderCache, traits: ["stats"] };
+const VIEW = { kind: "cache", draw: renderCache, traits: ["stats", "summary", "open_group", "rows_version"] };
 
 export default {
   /** @param {{model: AnyModel, el: HTMLElement}} ctx */

@@ -2,7 +2,7 @@
 // LiveDevicesView: which processes and devices are alive, heartbeat ages, controls and
 // the event log.
 // Python inlines shared.js in place of the import below (see shared.js for why).
-import { formatRanges, formatSeconds, h, mount } from "./shared.js";
+import { formatRanges, formatSeconds, groupButtons, h, mount } from "./shared.js";
 
 /** @typedef {import("./shared.js").AnyModel} AnyModel */
 
@@ -26,21 +26,41 @@ function transfersText(counts) {
   }, [`⇄ ${part("host-to-device", "h2d")} · ${part("device-to-host", "d2h")} · ${part("device-to-device", "d2d")}`]);
 }
 
+/** @param {Record<string, number>} counts */
+const countsText = (counts) => Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(", ");
+
+/** Above the group size: the summary's groups and shared errors.
+ * @param {AnyModel} model @param {any} summary */
+function groupsOf(model, summary) {
+  const colour = (/** @type {any} */ g) =>
+    STATE_COLOURS[/** @type {keyof STATE_COLOURS} */ (g.worst)] || STATE_COLOURS.unknown;
+  const late = (/** @type {any} */ g) => (g.oldest_heartbeat ? ` · ♥ ${g.oldest_heartbeat} s` : "");
+  return h("div", {}, [
+    groupButtons(model, summary.groups, (g) => countsText(g.states) + late(g), colour),
+    ...(summary.errors || []).map((/** @type {any} */ e) =>
+      h("div", { class: "jxs-note jxs-live-error" }, [e.ranks ? `p${e.ranks}: ${e.error}` : e.error])),
+  ]);
+}
+
 /** @param {AnyModel} model @param {HTMLElement} root */
 function renderLive(model, root) {
   /** @type {any[]} */
   const live = model.get("liveness") || [];
   /** @type {string[]} */
   const log = model.get("event_log") || [];
+  const summary = model.get("summary") || {};
+  const large = Boolean(summary.groups?.length);
   const counts = /** @type {Record<string, number>} */ ({});
   for (const p of live) counts[p.state || "unknown"] = (counts[p.state || "unknown"] || 0) + 1;
+  const total = large ? Object.values(summary.by_state).reduce((a, b) => a + b, 0) : live.length;
   root.append(h("div", { class: "jxs-title" }, [
     h("b", {}, ["Processes"]),
-    live.length ? ` · ${Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(", ")}` : "",
+    large ? ` · ${total} in ${summary.groups.length} groups of ${summary.group_size} · ${countsText(summary.by_state)}`
+      : live.length ? ` · ${countsText(counts)}` : "",
   ]));
   root.append(h("div", { class: "jxs-legend" }, Object.entries(STATE_COLOURS).map(([k, c]) =>
     h("span", { class: "jxs-chip" }, [h("i", { style: { background: c } }), k]))));
-  if (!live.length) {
+  if (!live.length && !large) {
     root.append(h("div", { class: "jxs-empty" }, ["No heartbeats yet."]));
   }
   // Controls are served by the kernel on a subshell, so they work while a cell blocks.
@@ -61,6 +81,7 @@ function renderLive(model, root) {
       h("span", { class: "jxs-muted jxs-control-status" }, [model.get("control_status") || ""]),
     ]));
   }
+  if (large) root.append(groupsOf(model, summary));
   const compact = live.length > 64;
   const grid = h("div", { class: compact ? "jxs-live jxs-live-compact" : "jxs-live" });
   for (const p of live) {
@@ -111,7 +132,8 @@ function renderLive(model, root) {
 }
 
 /** @type {import("./shared.js").ViewSpec} */
-const VIEW = { kind: "live", draw: renderLive, traits: ["liveness", "event_log", "controls", "control_status", "telemetry_health"] };
+const VIEW = { kind: "live", draw: renderLive, traits: ["liveness", "event_log", "controls", "control_status", "telemetry_health",
+  "summary", "open_group", "rows_version"] };
 
 export default {
   /** @param {{model: AnyModel, el: HTMLElement}} ctx */

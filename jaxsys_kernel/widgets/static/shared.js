@@ -16,8 +16,8 @@
  * @property {(name: string) => any} get
  * @property {(name: string, value: any) => void} set
  * @property {() => void} save_changes
- * @property {(event: string, cb: () => void) => void} on
- * @property {(event: string, cb?: () => void) => void} off
+ * @property {(event: string, cb: (...args: any[]) => void) => void} on
+ * @property {(event: string, cb?: (...args: any[]) => void) => void} off
  */
 
 /**
@@ -225,6 +225,76 @@ export function canvasOf(width, height, rects) {
   return wrap;
 }
 
+// ------------------------------------------------------------------- deltas and groups
+
+/**
+ * Apply a delta the kernel sent (`rowsync.py`) to the model's copy of a trait, without
+ * sending it back: the copy stays current, and a saved notebook keeps it.
+ * `{type: "rows", trait, v, base, rows, gone, ages, log?}` changes rows keyed by rank (a
+ * copy of another version asks for the rows whole); `{type: "log", append, keep}` (or a
+ * rows message's `log`) appends lines to the event log.
+ * @param {AnyModel & {send: (m: any) => void}} model
+ * @param {any} msg
+ */
+export function applyMessage(model, msg) {
+  const log = msg?.type === "log" ? msg : msg?.log;
+  if (log) {
+    const lines = [...(model.get("event_log") || []), ...(log.append || [])];
+    model.set("event_log", lines.slice(-(log.keep || lines.length)));
+  }
+  if (msg?.type !== "rows") return;
+  if ((model.get("rows_version") ?? 0) !== msg.base) {
+    model.send({ type: "resync" });
+    return;
+  }
+  /** @type {Map<number, any>} */
+  const byRank = new Map((model.get(msg.trait) || []).map((/** @type {any} */ r) => [r.rank, r]));
+  for (const r of msg.gone || []) byRank.delete(r);
+  for (const [k, row] of Object.entries(msg.rows || {})) {
+    byRank.set(Number(k), { ...(byRank.get(Number(k)) || {}), ...row });
+  }
+  for (const [k, age] of Object.entries(msg.ages || {})) {
+    const p = byRank.get(Number(k));
+    if (p) byRank.set(p.rank, { ...p, heartbeat_age: age });
+  }
+  model.set("rows_version", msg.v);
+  model.set(msg.trait, [...byRank.values()].sort((a, b) => a.rank - b.rank));
+}
+
+/**
+ * Above the group size: one button per group of ranks (a click opens it: the kernel then
+ * sends its rows), and a way back while one is open.
+ * @param {AnyModel} model
+ * @param {any[]} groups   the summary's groups ({group, ranks, ...})
+ * @param {(g: any) => string} text   what a group's button says after its ranks
+ * @param {(g: any) => string} [colour]
+ */
+export function groupButtons(model, groups, text, colour) {
+  const open = model.get("open_group");
+  /** @param {number|null} g */
+  const pick = (g) => {
+    model.set("open_group", g);
+    model.save_changes();
+  };
+  const shown = groups.find((g) => g.group === open);
+  return h("div", { class: "jxs-groups" }, [
+    shown ? h("button", { class: "jxs-button jxs-groups-back", onclick: () => pick(null) },
+      [`← all groups (showing p${shown.ranks})`]) : null,
+    h("div", { class: "jxs-group-list" }, groups.map((g) => h("button", {
+      class: "jxs-group" + (g.group === open ? " jxs-group-open" : ""),
+      "data-group": String(g.group),
+      title: `processes ${g.ranks}: click for their rows`,
+      // Inline: the group list is the one part of views.css's tables they would not fit.
+      style: {
+        display: "block", textAlign: "left", margin: "1px 0", padding: "1px 6px",
+        font: "inherit", cursor: "pointer", background: g.group === open ? "#eee" : "transparent",
+        border: "1px solid #ddd", borderLeft: `4px solid ${colour ? colour(g) : "#bbb"}`,
+      },
+      onclick: () => pick(g.group),
+    }, [`p${g.ranks}: ${text(g)}`]))),
+  ]);
+}
+
 // ---------------------------------------------------------------------------------- mount
 
 /**
@@ -264,6 +334,9 @@ export function mount({ model, el }, view) {
   };
   draw();
   for (const t of view.traits) model.on(`change:${t}`, schedule);
+  // Deltas arrive as custom messages and change the traits above, which redraws.
+  const onMsg = (/** @type {any} */ msg) => applyMessage(/** @type {any} */ (model), msg);
+  model.on("msg:custom", onMsg);
   // The first draw may happen before the output is attached (width 0): redraw on resize.
   const ro = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(() => {
     if (Math.abs(root.clientWidth - lastWidth) > 24) schedule();
@@ -271,6 +344,7 @@ export function mount({ model, el }, view) {
   ro?.observe(root);
   return () => {
     for (const t of view.traits) model.off(`change:${t}`, schedule);
+    model.off("msg:custom", onMsg);
     ro?.disconnect();
     root.remove();
   };
