@@ -46,6 +46,19 @@ __all__ = [
 ]
 
 
+def _warn_open_keys(cert_dir: Path, nprocs: int) -> None:
+    """Warn, at the caller of :meth:`ClusterPKI.from_user`, about keys others can read."""
+    for i in range(nprocs):
+        key_path = cert_dir / files.key_name(i)
+        if stat.S_IMODE(key_path.stat().st_mode) & 0o077:
+            warnings.warn(
+                f"private key {key_path} is readable by group or others; "
+                f"consider `chmod 600 {key_path}`",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
 class ClusterPKI:
     """The certificates of one cluster: a CA and one leaf certificate per JAX process.
 
@@ -139,7 +152,15 @@ class ClusterPKI:
         files.write_atomic(directory / CA_KEY_NAME, files.key_pem(ca_key), 0o600)
         files.write_atomic(directory / CA_CERT_NAME, files.cert_pem(ca_cert), 0o644)
 
-        pki = cls(
+        pki = cls._in_directory(directory, cluster_id, nprocs)
+        for i in range(nprocs):
+            pki._issue(i, ca_key, ca_cert, host_sans[i], _dt.timedelta(days=valid_days))
+        return pki
+
+    @classmethod
+    def _in_directory(cls, directory: Path, cluster_id: str, nprocs: int) -> ClusterPKI:
+        """The PKI whose CA and leaves :meth:`create` keeps in ``directory``."""
+        return cls(
             cluster_id=cluster_id,
             nprocs=nprocs,
             cert_dir=directory,
@@ -147,9 +168,6 @@ class ClusterPKI:
             peer_uri_prefix=f"spiffe://{TRUST_DOMAIN}/{cluster_id}/",
             ca_key_file=directory / CA_KEY_NAME,
         )
-        for i in range(nprocs):
-            pki._issue(i, ca_key, ca_cert, host_sans[i], _dt.timedelta(days=valid_days))
-        return pki
 
     @classmethod
     def load(cls, directory: str | os.PathLike, cluster_id: str, nprocs: int) -> ClusterPKI:
@@ -184,19 +202,17 @@ class ClusterPKI:
         ca_key = files.load_key(ca_key_file, "CA private key (PEM)")
         if files.spki(ca_key.public_key()) != files.spki(cas[0].public_key()):
             raise PKIError(f"CA key {ca_key_file} does not belong to CA certificate {ca_file}")
-        prefix = f"spiffe://{TRUST_DOMAIN}/{cluster_id}/"
+        pki = cls._in_directory(directory, cluster_id, nprocs)
         # Expired leaves are accepted here so that rotate() can still replace them.
         files.check_leaves(
-            cas, ca_file, directory, nprocs, expected_prefix=prefix, check_validity=False
+            cas,
+            ca_file,
+            directory,
+            nprocs,
+            expected_prefix=pki._peer_uri_prefix,
+            check_validity=False,
         )
-        return cls(
-            cluster_id=cluster_id,
-            nprocs=nprocs,
-            cert_dir=directory,
-            ca_file=ca_file,
-            peer_uri_prefix=prefix,
-            ca_key_file=ca_key_file,
-        )
+        return pki
 
     @classmethod
     def from_user(
@@ -242,15 +258,7 @@ class ClusterPKI:
         prefix = files.check_leaves(
             cas, ca_file, cert_dir, nprocs, expected_prefix=None, check_validity=True
         )
-        for i in range(nprocs):
-            key_path = cert_dir / files.key_name(i)
-            if stat.S_IMODE(key_path.stat().st_mode) & 0o077:
-                warnings.warn(
-                    f"private key {key_path} is readable by group or others; "
-                    f"consider `chmod 600 {key_path}`",
-                    UserWarning,
-                    stacklevel=2,
-                )
+        _warn_open_keys(cert_dir, nprocs)
         return cls(
             cluster_id=cluster_id,
             nprocs=nprocs,

@@ -247,6 +247,32 @@ def _eku(cert: x509.Certificate) -> set | None:
         return None
 
 
+def _first_prefix(cert_path: Path, uris: list[str]) -> str:
+    """The prefix of process 0's URI SAN ``<prefix>process/0``."""
+    found = [m["prefix"] for u in uris if (m := _PROCESS_URI_RE.match(u)) and m["index"] == "0"]
+    if not found:
+        raise PKIError(
+            f"certificate {cert_path} has no URI SAN of the form "
+            f"'<prefix>/process/0' (found URI SANs: {uris or 'none'}); JAX's peer "
+            f"check needs one, e.g. 'spiffe://example.org/jax/process/0'"
+        )
+    return found[0]
+
+
+def _check_usage(cert_path: Path, cert: x509.Certificate, *, coordinator: bool) -> None:
+    """Refuse a certificate whose extended key usage (when it has one) forbids its role."""
+    eku = _eku(cert)
+    if eku is None:
+        return
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
+        raise PKIError(f"certificate {cert_path} does not allow TLS client auth (EKU)")
+    if coordinator and ExtendedKeyUsageOID.SERVER_AUTH not in eku:
+        raise PKIError(
+            f"certificate {cert_path} does not allow TLS server auth (EKU); "
+            f"process 0 runs the coordinator and needs it"
+        )
+
+
 def check_leaves(
     cas: Sequence[x509.Certificate],
     ca_file: Path,
@@ -274,31 +300,14 @@ def check_leaves(
         uris = _uris(cert)
         if prefix is None:
             # Process 0's certificate defines the prefix every other process must share.
-            found = [
-                m["prefix"] for u in uris if (m := _PROCESS_URI_RE.match(u)) and m["index"] == "0"
-            ]
-            if not found:
-                raise PKIError(
-                    f"certificate {cert_path} has no URI SAN of the form "
-                    f"'<prefix>/process/0' (found URI SANs: {uris or 'none'}); JAX's peer "
-                    f"check needs one, e.g. 'spiffe://example.org/jax/process/0'"
-                )
-            prefix = found[0]
+            prefix = _first_prefix(cert_path, uris)
         want = f"{prefix}process/{i}"
         if want not in uris:
             raise PKIError(
                 f"certificate {cert_path} lacks the URI SAN {want!r} "
                 f"(found URI SANs: {uris or 'none'})"
             )
-        eku = _eku(cert)
-        if eku is not None:
-            if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
-                raise PKIError(f"certificate {cert_path} does not allow TLS client auth (EKU)")
-            if i == 0 and ExtendedKeyUsageOID.SERVER_AUTH not in eku:
-                raise PKIError(
-                    f"certificate {cert_path} does not allow TLS server auth (EKU); "
-                    f"process 0 runs the coordinator and needs it"
-                )
+        _check_usage(cert_path, cert, coordinator=i == 0)
         if check_validity and not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
             raise PKIError(
                 f"certificate {cert_path} is not valid now: valid from "
