@@ -6,11 +6,12 @@ What is measured, in one run
 1. **Hub CPU.** A real :class:`~jaxsys_kernel.telemetry.hub.TelemetryHub` (CurveZMQ on)
    receives N simulated agents (``tests/support_telemetry.py``: a socket per rank in a few
    worker processes, a heartbeat per rank per second plus cache events) for ``--seconds``.
-   A subscriber builds the comm's state at the comm's rate, as the kernel does. The CPU
+   A real :class:`~jaxsys_kernel.kernel.comm.ClusterComms` with one front end pushes at
+   the comm's rate, as the kernel does (the whole state once, then deltas). The CPU
    time of this process (hub thread and subscriber; the workers are other processes) over
    the window, as a percentage of one core. Target: <= 10 %.
-2. **Bytes per second to the front end.** The JSON size of each state the subscriber
-   built, summed over the window, at N and at N / 8 side by side: above a group size the
+2. **Bytes per second to the front end.** The JSON size of each message the comm sent,
+   summed over the window, at N and at N / 8 side by side: above a group size the
    two are about equal (the state is a summary), where a state of every row grows with N.
 3. **A view update in chromium.** The live-devices view (``widgets/static/live.js``)
    mounted in headless chromium with a stand-in model; the time from a trait change to the
@@ -70,10 +71,14 @@ def hub_run(n: int, seconds: float) -> dict:
     hub = TelemetryHub(n, curve=True, interval=1.0)
     session = session_for(hub, n)
     sizes: list[int] = []
-    unsubscribe = hub.subscribe(
-        lambda _h: sizes.append(len(json.dumps(comm.cluster_state(session)))),
-        max_rate=comm.MAX_RATE,
+    comms = comm.ClusterComms(session)
+    front_end = SimpleNamespace(
+        send=lambda data: sizes.append(len(json.dumps(data))),
+        on_msg=lambda _f: None,
+        on_close=lambda _f: None,
     )
+    comms.on_open(front_end, {"content": {"data": {"v": comm.SCHEMA_VERSION}}})
+    unsubscribe = comms.close
     try:
         with SimulatedAgents(hub, n, interval=1.0):
             wait_for(
@@ -82,6 +87,7 @@ def hub_run(n: int, seconds: float) -> dict:
                 timeout=60,
             )
             me = psutil.Process()
+            comms.push(full=True)
             sizes.clear()
             cpu0, t0, got0 = me.cpu_times(), time.monotonic(), hub.received
             time.sleep(seconds)
@@ -97,6 +103,7 @@ def hub_run(n: int, seconds: float) -> dict:
         "events_s": (got1 - got0) / wall,
         "bytes_s": sum(sizes) / wall,
         "state_bytes": statistics.median(sizes) if sizes else 0,
+        "whole_bytes": len(json.dumps(comm.cluster_state(session))),
         "pushes_s": len(sizes) / wall,
         "every_row_bytes": len(json.dumps(every_row_state(session))),
     }
@@ -120,9 +127,10 @@ const model = {get: (k) => data[k], set: (k, v) => { data[k] = v; }, save_change
   send() {}, on: (ev, cb) => { (handlers[ev] ||= []).push(cb); }, off() {}};
 const el = document.getElementById("out");
 mod.default.render({model, el});
-window.update = async (rows) => {
+window.update = async (rows, summary) => {
   const t0 = performance.now();
   data.liveness = rows;
+  data.summary = summary || {};
   for (const cb of handlers["change:liveness"] || []) cb();
   await new Promise((r) => requestAnimationFrame(() => { void el.offsetHeight; r(); }));
   return performance.now() - t0;
@@ -160,9 +168,17 @@ def render_times(n: int, reps: int = 7) -> dict:
     with launch() as page:
         page.set_content(page_html)
         page.wait_for_function("window.ready === true", timeout=30_000)
+        # "group": what the view draws above the group size (the summary of every row and
+        # one group's rows); "all": every row, as it drew before summaries.
         for label, rows in (("all", n), ("group", aggregate.group_size(n))):
             times = [
-                page.evaluate("(rows) => window.update(rows)", liveness_rows(rows, i))
+                page.evaluate(
+                    "([rows, summary]) => window.update(rows, summary)",
+                    [
+                        liveness_rows(rows, i),
+                        aggregate.summarize(liveness_rows(n, i)) if label == "group" else {},
+                    ],
+                )
                 for i in range(reps)
             ]
             out[label] = statistics.median(times[1:])
@@ -188,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  n={r['n']}: hub CPU {r['cpu_pct']:.1f} % of a core ({r['events_s']:.0f} "
             f"events/s), {r['bytes_s'] / 1e3:.1f} kB/s to the front end "
-            f"({r['pushes_s']:.1f} states/s of {r['state_bytes'] / 1e3:.1f} kB; "
-            f"every row would be {r['every_row_bytes'] / 1e3:.1f} kB)",
+            f"({r['pushes_s']:.1f} deltas/s of {r['state_bytes'] / 1e3:.2f} kB; the whole "
+            f"state {r['whole_bytes'] / 1e3:.1f} kB, every row {r['every_row_bytes'] / 1e3:.1f} kB)",
             flush=True,
         )
     small, large = runs
@@ -205,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(
                 f"chromium, live view update: {r['all']:.1f} ms for {r['all_rows']} rows, "
-                f"{r['group']:.1f} ms for one group's {r['group_rows']} rows, ratio "
+                f"{r['group']:.1f} ms for the summary and one group's {r['group_rows']} rows, ratio "
                 f"{r['all'] / r['group']:.1f} (target <= {RENDER_TARGET_MS:g} ms)"
             )
     load1 = os.getloadavg()

@@ -16,6 +16,7 @@ is the one place that word becomes ``alive``, and ``ProcessState("ready")`` read
 from __future__ import annotations
 
 import enum
+import functools
 
 __all__ = [
     "ACTIONS",
@@ -92,6 +93,7 @@ class ProcessState(enum.StrEnum):
 _RECORD_WORDS = {"ready": ProcessState.ALIVE, "failed": ProcessState.DEAD}
 
 
+@functools.cache  # a few words in, one of six out; called per process per state push
 def shown_state(record: str | None, heartbeat: ProcessState | None = None) -> ProcessState:
     """The state a process is shown in, from the cluster's record and its heartbeats.
 

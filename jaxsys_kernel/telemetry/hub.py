@@ -142,6 +142,14 @@ class TelemetryHub:
         with self._lock:
             return [s.copy() for s in self._cache.values()]
 
+    def cache_totals(self) -> dict[str, float]:
+        """The compilation-cache numbers summed over every process (no per-process copies:
+        the comm's state needs only these, four times a second)."""
+        keys = ("requests", "hits", "compiles", "entries", "bytes", "time_saved", "compile_time")
+        with self._lock:
+            stats = list(self._cache.values())
+            return {k: sum(getattr(s, k) for s in stats) for k in keys}
+
     def stack_dump(self, rank: int) -> tuple[int, str]:
         """The latest stack dump relayed by process ``rank``, numbered from 1 (0: none yet)."""
         with self._lock:
@@ -174,6 +182,8 @@ class TelemetryHub:
         """
         now = time.time() if now is None else now
         out = []
+        states = states or {}
+        late = LATE_AFTER_INTERVALS * self.interval
         # Without a receiver, silence says nothing about the processes.
         receiving = self._thread.is_alive()
         with self._lock:
@@ -182,13 +192,14 @@ class TelemetryHub:
                 age = None if beat is None else max(0.0, now - beat["recv"])
                 if beat is None or not receiving:
                     heard = ProcessState.UNKNOWN
-                elif age > LATE_AFTER_INTERVALS * self.interval:
+                elif age > late:
                     heard = ProcessState.STUCK if beat["busy"] else ProcessState.DEAD
                 else:
                     heard = ProcessState.ALIVE
                 # The cluster's record (none: the heartbeats decide) and the heartbeats, in
                 # the views' one vocabulary.
-                state = shown_state((states or {}).get(r), heard)
+                state = shown_state(states.get(r), heard)
+                moved = self._transfers.get(r)
                 out.append(
                     schema.Liveness(
                         rank=r,
@@ -197,7 +208,7 @@ class TelemetryHub:
                         busy=bool(beat and beat["busy"]),
                         devices=list(beat["devices"]) if beat else [],
                         incarnation=beat["inc"] if beat else 0,
-                        transfers=dict(self._transfers.get(r, {})),
+                        transfers=dict(moved) if moved else {},
                     )
                 )
         return out

@@ -94,3 +94,38 @@ def test_silent_agents_are_counted_dead_in_their_group():
     size = summary["group_size"]
     worst = {g["group"]: g["worst"] for g in summary["groups"]}
     assert {g for g, w in worst.items() if w == "dead"} == {5 // size, 70 // size}
+
+
+@pytest.mark.timeout(180)
+def test_comm_updates_stay_bounded_and_a_group_opens_at_256():
+    n = 256
+    hub = TelemetryHub(n, curve=True, interval=INTERVAL)
+    sent: list[dict] = []
+    front_end = SimpleNamespace(send=sent.append, on_msg=lambda f: None, on_close=lambda f: None)
+    try:
+        with SimulatedAgents(hub, n, interval=INTERVAL):
+            wait_for(lambda: _alive(hub) == n, f"{n} agents alive")
+            comms = comm.ClusterComms(_session(hub, n), max_rate=20.0)
+            comms.on_open(front_end, {"content": {"data": {"v": comm.SCHEMA_VERSION}}})
+            # The hub's subscription pushes deltas while the agents beat.
+            wait_for(lambda: sum(m["type"] == "delta" for m in sent) >= 10, "10 deltas")
+            deltas = [m for m in sent if m["type"] == "delta"]
+            # No group open: no rows at all, only the summary when it changed.
+            assert all(m["rows"]["rows"] == {} and m["rows"]["ages"] == {} for m in deltas)
+            assert max(len(json.dumps(m)) for m in deltas) < 8000
+            comms.on_msg({"content": {"data": {"type": "group", "group": 5}}})
+            size = aggregate.group_size(n)
+            held = None
+            for m in sent:
+                held = (
+                    aggregate.held_state(m)
+                    if m["type"] == "state"
+                    else aggregate.apply_delta(held, m)
+                )
+            ranks = [p["rank"] for p in held["cluster"]["processes"]]
+            assert ranks == list(range(5 * size, 6 * size))
+            assert all(p["state"] == "alive" for p in held["cluster"]["processes"])
+            assert held["cluster"]["summary"]["by_state"] == {"alive": n}
+            comms.close()
+    finally:
+        hub.close()
