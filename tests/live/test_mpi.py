@@ -1,9 +1,11 @@
-"""A cluster in one Open MPI job (``mpiexec``): ranks come from MPI's environment, and
-stopping the cluster leaves no MPI process behind."""
+"""A cluster in one Open MPI job (``mpiexec``): ranks come from MPI's environment, a
+hostfile spreads them over ssh namespace hosts, and stopping the cluster leaves no MPI
+process behind, here or on the hosts."""
 
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import shutil
 import time
 
@@ -13,7 +15,8 @@ import pytest
 from jaxsys_kernel import Cluster
 from jaxsys_kernel.cluster.teardown import launcher_pids
 
-from ..harness import run_on
+from .. import netns, sshd
+from ..harness import TAG_VAR, run_on
 
 RANKS_CELL = """
 import os, jax
@@ -83,3 +86,65 @@ def test_a_missing_hostfile_fails_before_anything_starts(mpi, tmp_path):
     with pytest.raises(Exception, match="hostfile .*nope does not exist"):
         c.start_sync()
     assert c.state == "stopped" and c._ipp is None
+
+
+# -- ranks spread over hosts: Open MPI over the ssh namespace hosts -----------------------------
+
+WHERE_CELL = "import jax, os; print(jax.process_index(), os.environ['OMPI_COMM_WORLD_RANK'])"
+
+
+@pytest.fixture(scope="module")
+def ssh_hosts(mpi, tag, tmp_path_factory):
+    """Three hosts, each a network namespace running its own sshd, and a hostfile that
+    gives each one slot: Open MPI starts its daemons there over ssh (``plm_rsh_agent``
+    with the test's key and options), as it would on real machines."""
+    reason = sshd.available()
+    if reason:
+        pytest.skip(f"no ssh servers in network namespaces here: {reason}")
+    work = tmp_path_factory.mktemp("mpi-ssh")
+    with (
+        netns.TestHosts(3, prefix="mh") as hosts,
+        sshd.SSHServers(hosts, work) as ssh,
+        pytest.MonkeyPatch.context() as mp,
+    ):
+        hostfile = work / "hostfile"
+        hostfile.write_text("".join(f"{a} slots=1\n" for a in hosts.host_addresses))
+        mp.setenv("OMPI_MCA_plm_rsh_agent", shlex.join(["ssh", *ssh.ssh_args]))
+        yield hosts, hostfile
+
+
+def _mpi_on_hosts(hosts) -> list[int]:
+    """Live Open MPI daemons and engines inside the hosts."""
+    found = []
+    for ns in hosts.namespaces:
+        for pid in netns.namespace_pids(ns):
+            try:
+                p = psutil.Process(pid)
+                cmd = " ".join(p.cmdline())
+                if p.status() != psutil.STATUS_ZOMBIE and ("orted" in cmd or "ipyparallel" in cmd):
+                    found.append(pid)
+            except psutil.Error:
+                pass
+    return found
+
+
+def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, tag):
+    hosts, hostfile = ssh_hosts
+    c = Cluster(hosts=3, devices_per_host=1, launcher="mpi", controller_ip=hosts.bridge_address,
+                env={"JAX_PLATFORMS": "cpu", TAG_VAR: tag},
+                launcher_options={"hostfile": str(hostfile)}, progress=lambda e: None)  # fmt: skip
+    try:
+        c.start_sync()
+        # Process i runs on host i (the hostfile's order), with MPI's rank as its index,
+        # and the world's collective crosses the hosts.
+        assert [p["address"] for p in c.status()] == hosts.host_addresses
+        assert run_on(c, WHERE_CELL) == "".join(f"[p{i}] {i} {i}\n" for i in range(3))
+        assert _only_line(run_on(c, SUM_CELL)) == "total 6.0"
+        assert len(_mpi_on_hosts(hosts)) >= 3
+    finally:
+        took = c.kill()
+    deadline = time.monotonic() + 10
+    while _mpi_on_hosts(hosts):
+        assert time.monotonic() < deadline, f"left on the hosts: {_mpi_on_hosts(hosts)}"
+        time.sleep(0.1)
+    assert took < 10

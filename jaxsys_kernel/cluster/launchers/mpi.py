@@ -9,8 +9,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from ... import contract
 from ..records import ClusterStartError
 from .base import Launcher
+
+# What ipyparallel's launchers put into an engine's environment besides ours.
+IPP_VARIABLES = ("IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
+# Open MPI's list of variables to export to every rank, wherever it runs (MPICH, which
+# exports everything anyway, ignores it).
+OMPI_EXPORTS = "OMPI_MCA_mca_base_env_list"
 
 
 class MpiLauncher(Launcher):
@@ -85,6 +92,26 @@ class MpiLauncher(Launcher):
         if hostfile:
             opts["mpi_args"] = ["--hostfile", os.fspath(hostfile), *opts.get("mpi_args", [])]
         return opts
+
+    def exports(self, env: dict[str, str]) -> dict[str, str]:
+        """The variable that has Open MPI export every variable of the engines'
+        environment: the ranks it starts on other hosts (over ssh) see only those it is
+        told to export."""
+        names = sorted({*env, *IPP_VARIABLES} - {OMPI_EXPORTS})
+        # A list the user gave is kept, ahead of ours.
+        given = env.get(OMPI_EXPORTS) or os.environ.get(OMPI_EXPORTS)
+        return {OMPI_EXPORTS: ";".join([*([given] if given else []), *names])}
+
+    async def launch(self, ctx, report) -> None:
+        """Start every rank with one ``mpiexec``, which exports the engines' variables."""
+        env = self.engine_env(0, ctx)
+        env.pop(contract.PROCESS_ID)
+        env.update(self.exports(env))
+        set_id = f"all-i{ctx.incarnation}"
+        await self.ipp.start_engines(
+            n=self.config.nprocs, engine_set_id=set_id, environment=env, **self.launch_options()
+        )
+        self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
 
     def engine_env(self, rank, ctx):
         return {**self.mpiexec_env(), **super().engine_env(rank, ctx)}

@@ -1,0 +1,67 @@
+"""What the Slurm and MPI launchers ask of their tools, with the tools replaced: a world
+restart under Slurm signals the engines' steps and never the job; Open MPI is told to
+export every engine variable to ranks on other hosts; Slurm's step-cancelled line is no
+output of a notebook's job."""
+
+from __future__ import annotations
+
+import subprocess
+
+from jaxsys_kernel.cluster import allocation_slurm
+from jaxsys_kernel.cluster.config import ClusterConfig
+from jaxsys_kernel.cluster.launchers import make_launcher, mpi
+from jaxsys_kernel.job import collate_outputs
+from jaxsys_kernel.job.program import CELL_MARK, Cell, Program
+
+
+def test_killing_the_steps_names_each_step_and_never_the_job(monkeypatch):
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        out = "12.0\n12.batch\n12.1\n12.extern\n" if argv[0] == "squeue" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(allocation_slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(allocation_slurm.subprocess, "run", run)
+    allocation_slurm.kill_steps("12")
+    # SIGKILL sent to job 12 itself would cancel it.
+    assert calls[-1] == ["scancel", "-s", "KILL", "12.0", "12.1"]
+
+
+def test_no_step_means_no_scancel(monkeypatch):
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "12.batch\n", "")
+
+    monkeypatch.setattr(allocation_slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(allocation_slurm.subprocess, "run", run)
+    allocation_slurm.kill_steps("12")
+    assert [c[0] for c in calls] == ["squeue"]
+
+
+def test_open_mpi_is_told_to_export_every_engine_variable(monkeypatch):
+    launcher = make_launcher(ClusterConfig(hosts=2, launcher="mpi"))
+    monkeypatch.delenv(mpi.OMPI_EXPORTS, raising=False)
+    (value,) = launcher.exports({"JAXSYS_COORDINATOR": "h:1", "XLA_FLAGS": "-x"}).values()
+    assert value.split(";") == [
+        "IPP_CLUSTER_ID",
+        "IPP_PROFILE_DIR",
+        "JAXSYS_COORDINATOR",
+        "XLA_FLAGS",
+    ]
+    # A list of the user's own stays first.
+    (value,) = launcher.exports({mpi.OMPI_EXPORTS: "MINE", "XLA_FLAGS": "-x"}).values()
+    assert value.split(";")[0] == "MINE" and "XLA_FLAGS" in value.split(";")
+
+
+def test_slurms_step_cancelled_line_is_left_out_of_a_jobs_log():
+    prog = Program(cells=[Cell(1, "")], hosts=2)
+    outputs = {
+        0: f"{CELL_MARK}1\nslurmstepd-host0: error: *** STEP 4.0 ON host0 CANCELLED AT "
+        "2026-12-02T03:41:35 ***\n",
+        1: f"{CELL_MARK}1\nValueError: p1 fails\n",
+    }
+    assert collate_outputs(prog, outputs).log == "--- cell 1 ---\n[p1] ValueError: p1 fails\n"
