@@ -147,18 +147,34 @@ def group(errors: dict[int, dict]) -> list[ErrorGroup]:
     return list(groups.values())
 
 
+def _columns(g: ErrorGroup) -> list[tuple[str, int]]:
+    """The table's columns as (label, slot): slots equal on every process share one.
+
+    A message often names one value twice (JAX's ``device cpu:6144 ... id=6144``); the
+    reader needs it once, under both its names.
+    """
+    names: dict[tuple[str, ...], list[str]] = {}
+    first: dict[tuple[str, ...], int] = {}
+    for i, label in enumerate(g.labels):
+        key = tuple(g.values[r][i] for r in g.ranks)
+        names.setdefault(key, []).append(label)
+        first.setdefault(key, i)
+    return [("/".join(labels), first[key]) for key, labels in names.items()]
+
+
 def table(g: ErrorGroup) -> list[str]:
     """The differing values of a group: one line for a few processes, else one row each."""
     if not g.labels:
         return []
+    columns = _columns(g)
     if len(g.ranks) <= INLINE_MAX:
         parts = []
-        for i, label in enumerate(g.labels):
+        for label, i in columns:
             each = ", ".join(f"{g.values[r][i]} on {format_procs([r])}" for r in g.ranks)
             parts.append(f"{label}: {each}")
         return ["  " + "; ".join(parts)]
-    head = ["process", *g.labels]
-    rows = [[format_procs([r]), *g.values[r]] for r in g.ranks]
+    head = ["process", *(label for label, _ in columns)]
+    rows = [[format_procs([r]), *(g.values[r][i] for _, i in columns)] for r in g.ranks]
     widths = [max(len(row[i]) for row in (head, *rows)) for i in range(len(head))]
     return [
         "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

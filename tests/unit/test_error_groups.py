@@ -92,6 +92,15 @@ def test_two_differing_numbers_get_their_own_names():
     assert table(g) == ["  shape: 2 on p0, 2 on p1, 4 on p2; host: 0 on p0, 1 on p1, 2 on p2"]
 
 
+def test_a_value_named_twice_is_one_column_under_both_names():
+    msgs = {r: f"to device cpu:{d} on process {r}, CpuDevice(id={d})" for r, d in ((0, 0), (1, 8))}
+    (g,) = group({r: err(m) for r, m in msgs.items()})
+    assert g.message() == "to device cpu:<cpu> on process <process>, CpuDevice(id=<id>)"
+    assert table(g) == ["  cpu/id: 0 on p0, 8 on p1; process: 0 on p0, 1 on p1"]
+    many = group({r: err(f"cpu:{8 * r} id={8 * r} on {r}") for r in range(6)})
+    assert table(many[0])[0].split() == ["process", "cpu/id", "on"]
+
+
 def test_the_running_cell_gets_the_notebooks_number():
     lines = ["Cell In[3], line 2", "Cell In[1], line 7, in helper()"]
     assert renumber(lines, 4) == [
