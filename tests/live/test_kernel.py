@@ -14,6 +14,8 @@ import time
 import pytest
 from jupyter_kernel_test.msgspec_v5 import schema_fragments, validate_message
 
+from jaxsys_kernel.telemetry import aggregate
+
 from ..harness import tls_knock
 
 
@@ -361,29 +363,42 @@ def test_show_draws_a_sharding(kernel):
     assert state["info"]["shape"] == [2, 1]
 
 
+def _view_message(msg) -> dict:
+    """A view's custom message (row deltas, appended log lines), or {}."""
+    if msg["msg_type"] != "comm_msg":
+        return {}
+    data = msg["content"]["data"]
+    return data.get("content", {}) if data.get("method") == "custom" else {}
+
+
 def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
     out = kernel.ok("%jaxsys dashboard")
-    kinds = sorted(s["_view_kind"] for s in _widget_states(out))
-    assert kinds == ["cache", "live", "mesh", "sharding"]
+    states = {s["_view_kind"]: s for s in _widget_states(out)}
+    assert sorted(states) == ["cache", "live", "mesh", "sharding"]
+    held = {r["rank"]: r for r in states["live"]["liveness"]}
     t0 = time.time()
     out = kernel.ok("%%multihost\nimport time\ntime.sleep(3)")
-    updates = [
-        m
-        for m in out.messages
-        if m["msg_type"] == "comm_msg" and "liveness" in m["content"]["data"].get("state", {})
-    ]
+    # Rows travel as deltas after the view's first state; a reader applies them in turn.
+    updates, busy = [], []
+    for m in out.messages:
+        delta = _view_message(m)
+        if delta.get("type") == "rows" and delta.get("trait") == "liveness":
+            held = aggregate.apply_rows(held, delta)
+            updates.append(m)
+            busy.append([held[r]["busy"] for r in sorted(held)])
     # The view is refreshed from the telemetry thread, so updates flow while the cell runs.
     assert len(updates) >= 2
     stamps = [_stamp(m["header"]["date"]) for m in updates]
     assert min(stamps) < t0 + 2.5
-    busy = [[p["busy"] for p in m["content"]["data"]["state"]["liveness"]] for m in updates]
     assert [True, True] in busy
 
 
 def _event_log(msg) -> list[str]:
+    """Log lines a dashboard message carries: the whole log, or lines appended to it."""
     if msg["msg_type"] != "comm_msg":
         return []
-    return msg["content"]["data"].get("state", {}).get("event_log", [])
+    whole = msg["content"]["data"].get("state", {}).get("event_log", [])
+    return whole or _view_message(msg).get("log", {}).get("append", [])
 
 
 def _iopub_until(kernel, msg_id: str, done, timeout: float, seen: list[dict]) -> dict:
