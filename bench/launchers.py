@@ -4,17 +4,21 @@ What is measured
 ----------------
 For each launcher, in one run and alternating between them round by round:
 
-*ready*: wall time of ``Cluster(hosts=3, devices_per_host=1, launcher=...).start_sync()``
-(for Slurm: from ``sbatch`` until JAX is initialised on the three processes).
+*ready*: wall time of ``Cluster(hosts=3, devices_per_host=1, launcher=..., standby=0)
+.start_sync()`` (for Slurm: from ``sbatch`` until JAX is initialised on the three
+processes).
 
-*stop*: wall time from ``cluster.kill()`` until nothing the cluster started is left: for
-``local`` and ``mpi`` every launcher and engine pid of this machine is gone; for ``slurm``
-``squeue`` is empty and no process of the job is left on the namespace hosts.
+*stop*: wall time from ``cluster.kill()`` until nothing the cluster started is left: every
+launcher and engine pid of this machine is gone, and on namespace hosts no engine (nor
+Open MPI daemon) is left; for ``slurm`` ``squeue`` is empty too.
 
-Launchers: ``local``; ``mpi`` (Open MPI, when ``mpiexec`` and ``mpi4py`` are here);
-``slurm`` on a private three-host Slurm in network namespaces (tests/slurm.py; root,
-slurm-wlm and munge needed). A launcher that cannot run here is reported and skipped.
-The load average is printed before and after, and ratios are against ``local``.
+Launchers: ``local`` (this machine); ``ssh`` on three network-namespace hosts that each run
+an sshd (tests/netns.py, tests/sshd.py); ``mpi``: Open MPI with a hostfile naming those
+same hosts, its daemons started over ssh (needs ``mpiexec`` and ``mpi4py``); ``slurm`` on a
+private Slurm with one slurmd in each of three namespace hosts (tests/slurm.py; needs
+slurm-wlm and munge). Namespace hosts need root. A launcher that cannot run here is
+reported and skipped. The load average is printed before and after, and ratios are
+against ``local``.
 
 Usage
 -----
@@ -24,12 +28,16 @@ Usage
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
+import shlex
 import shutil
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -41,10 +49,10 @@ from jaxsys_kernel.cluster.teardown import launcher_pids  # noqa: E402
 
 
 def _local_pids(c: Cluster) -> list[int]:
-    pids = {p.pid for p in c.processes if p.pid}
+    pids = {p.pid for p in c.processes if p.pid} if c._launcher.engine_pids_here else set()
     for r in c.ranks:
         es = c._launcher.engine_set(r)
-        if es is not None:
+        if es is not None and c._launcher.launcher_pids_here:
             pids.update(launcher_pids(es))
     return sorted(pids)
 
@@ -59,6 +67,21 @@ def _gone(pids: list[int]) -> bool:
     return True
 
 
+def _engines_in(namespaces: list[str]) -> list[int]:
+    """Live engines, nannies and Open MPI daemons inside the namespace hosts."""
+    from tests import netns
+
+    found = []
+    for ns in namespaces:
+        for pid in netns.namespace_pids(ns):
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                cmd = " ".join(p.cmdline())
+                if p.status() != psutil.STATUS_ZOMBIE and ("ipyparallel" in cmd or "orted" in cmd):
+                    found.append(pid)
+    return found
+
+
 def _wait(done, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -67,30 +90,68 @@ def _wait(done, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def one(launcher: str, slurm_hosts=None) -> tuple[float, float]:
-    """``(ready, stop)`` seconds for one cluster of this launcher."""
-    opts = {"sbatch_args": ["--ntasks-per-node=1"]} if launcher == "slurm" else None
-    c = Cluster(
-        hosts=3,
-        devices_per_host=1,
-        launcher=launcher,
-        env={"JAX_PLATFORMS": "cpu"},
-        launcher_options=opts,
-        progress=lambda e: None,
-    )
-    t0 = time.perf_counter()
-    try:
-        c.start_sync()
-        ready = time.perf_counter() - t0
-        pids = _local_pids(c) if slurm_hosts is None else []
-    finally:
-        t1 = time.perf_counter()
-        c.kill()
-    if slurm_hosts is not None:
-        _wait(lambda: not slurm_hosts.queue() and not slurm_hosts.namespace_pids())
+class Kind:
+    """One launcher as benchmarked: its cluster's settings, and what \"nothing left\"
+    means for it."""
+
+    def __init__(self, name: str, launcher: str, left: Callable[[], bool], **kwargs):
+        self.name, self.launcher, self.left, self.kwargs = name, launcher, left, kwargs
+
+    def one(self) -> tuple[float, float]:
+        """``(ready, stop)`` seconds for one cluster."""
+        settings = {"hosts": 3, "devices_per_host": 1, "standby": 0, **self.kwargs}
+        c = Cluster(launcher=self.launcher, env={"JAX_PLATFORMS": "cpu"},
+                    progress=lambda e: None, **settings)  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            c.start_sync()
+            ready = time.perf_counter() - t0
+            pids = _local_pids(c)
+        finally:
+            t1 = time.perf_counter()
+            c.kill()
+        _wait(lambda: _gone(pids) and not self.left())
+        return ready, time.perf_counter() - t1
+
+
+def _kinds(stack: contextlib.ExitStack) -> list[Kind]:
+    """Every launcher that can run here, its hosts started in ``stack``."""
+    from tests import netns, slurm, sshd
+
+    kinds = [Kind("local", "local", lambda: False)]
+    reason = sshd.available()
+    if reason:
+        print(f"ssh, mpi: skipped ({reason})")
     else:
-        _wait(lambda: _gone(pids))
-    return ready, time.perf_counter() - t1
+        hosts = stack.enter_context(netns.TestHosts(3, prefix="bl"))
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        ssh = stack.enter_context(sshd.SSHServers(hosts, work))
+        on_hosts = lambda: bool(_engines_in(hosts.namespaces))  # noqa: E731
+        kinds.append(
+            Kind("ssh", "ssh", on_hosts, hosts=[ssh.destination(i) for i in range(3)],
+                 controller_ip=hosts.bridge_address,
+                 launcher_options={"ssh_args": ssh.ssh_args, "scp_args": ssh.ssh_args})
+        )  # fmt: skip
+        if shutil.which("mpiexec") and importlib.util.find_spec("mpi4py"):
+            hostfile = work / "hostfile"
+            hostfile.write_text("".join(f"{a} slots=1\n" for a in hosts.host_addresses))
+            os.environ["OMPI_MCA_plm_rsh_agent"] = shlex.join(["ssh", *ssh.ssh_args])
+            kinds.append(
+                Kind("mpi", "mpi", on_hosts, controller_ip=hosts.bridge_address,
+                     launcher_options={"hostfile": str(hostfile)})
+            )  # fmt: skip
+        else:
+            print("mpi: skipped (needs mpiexec and mpi4py)")
+    reason = slurm.available()
+    if reason:
+        print(f"slurm: skipped ({reason})")
+    else:
+        s = stack.enter_context(slurm.SlurmHosts(3))
+        kinds.append(
+            Kind("slurm", "slurm", lambda: bool(s.queue() or s.namespace_pids()),
+                 launcher_options={"sbatch_args": ["--ntasks-per-node=1"]})
+        )  # fmt: skip
+    return kinds
 
 
 def main() -> int:
@@ -98,36 +159,20 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    kinds = ["local"]
-    if shutil.which("mpiexec") and importlib.util.find_spec("mpi4py"):
-        kinds.append("mpi")
-    else:
-        print("mpi: skipped (needs mpiexec and mpi4py)")
-    from tests import slurm
-
-    reason = slurm.available()
-    hosts = None
-    if reason:
-        print(f"slurm: skipped ({reason})")
-    else:
-        hosts = slurm.SlurmHosts(3).__enter__()
-        kinds.append("slurm")
-    results: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
-    try:
+    with contextlib.ExitStack() as stack:
+        kinds = _kinds(stack)
+        results: dict[str, list[tuple[float, float]]] = {k.name: [] for k in kinds}
         for k in kinds:  # warm-up: imports, page cache, Slurm's first job
-            one(k, hosts if k == "slurm" else None)
+            k.one()
         for _ in range(args.rounds):
             for k in kinds:
-                results[k].append(one(k, hosts if k == "slurm" else None))
-    finally:
-        if hosts is not None:
-            hosts.close()
+                results[k.name].append(k.one())
     base = statistics.median(r for r, _ in results["local"])
-    print(f"{'launcher':<8} {'ready s':>8} {'x local':>8} {'stop->empty s':>14}")
-    for k, rows in results.items():
+    print(f"{'launcher':<8} {'ready s':>8} {'x local':>8} {'stop->nothing left s':>21}")
+    for name, rows in results.items():
         ready = statistics.median(r for r, _ in rows)
         stop = statistics.median(s for _, s in rows)
-        print(f"{k:<8} {ready:8.2f} {ready / base:8.2f} {stop:14.2f}")
+        print(f"{name:<8} {ready:8.2f} {ready / base:8.2f} {stop:21.2f}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
