@@ -210,10 +210,13 @@ class DivergenceCheck:
     def _stuck_text(self, stuck: list[int], entry: dict, ran: list[int]) -> str:
         lines = {self.procs[r].where.get("line") for r in stuck}
         where = f" at line {lines.pop()}" if len(lines) == 1 and None not in lines else ""
+        # One process sits and waits; several sit and wait.
+        sits, is_ = ("sits", "is") if len(stuck) == 1 else ("sit", "are")
+        wait = "waits" if len(ran) == 1 else "wait"
         return (
-            f"{format_procs(stuck)} sits idle in Python{where}, not in JAX, while "
-            f"{format_procs(ran)} wait in {call_text(entry)}{_at(entry)}: "
-            f"{format_procs(stuck)} is stuck, not diverged"
+            f"{format_procs(stuck)} {sits} idle in Python{where}, not in JAX, while "
+            f"{format_procs(ran)} {wait} in {call_text(entry)}{_at(entry)}: "
+            f"{format_procs(stuck)} {is_} stuck, not diverged"
         )
 
     def _settle(self) -> None:
