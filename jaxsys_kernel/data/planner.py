@@ -392,8 +392,9 @@ def _reads(
     process: int,
 ) -> tuple[Read, ...]:
     """The reads of one process under a strategy."""
-    all_procs = sorted({p for ps in readers.values() for p in ps})
     if strategy == "all":
+        # Only here: over every block, for each process, it made a large plan quadratic.
+        all_procs = sorted({p for ps in readers.values() for p in ps})
         whole = tuple((0, n) for n in shape)
         others = tuple(p for p in all_procs if p != process)
         ids = tuple(d for d, _ in devices)
