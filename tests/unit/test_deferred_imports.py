@@ -12,10 +12,8 @@ import fnmatch
 import re
 from pathlib import Path
 
-import jaxsys_kernel
+from .package_source import ROOT, source_files, text, tree
 
-PACKAGE = Path(jaxsys_kernel.__file__).parent
-ROOT = PACKAGE.parent
 MARKER = "Deferred"
 
 # Being restructured right now, their deferred imports with them: checked once that lands.
@@ -51,8 +49,9 @@ def _explained(lines: list[str], node: ast.stmt) -> bool:
     return False
 
 
-def unexplained_imports(source: str) -> list[int]:
-    """Line numbers of the imports inside functions that give no reason for waiting."""
+def unexplained_imports(source: str, parsed: ast.Module | None = None) -> list[int]:
+    """Line numbers of the imports inside functions that give no reason for waiting
+    (``parsed``: the tree of ``source``, when it is parsed already)."""
     lines = source.splitlines()
     found = []
 
@@ -64,7 +63,7 @@ def unexplained_imports(source: str) -> list[int]:
             inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
             walk(child, inside)
 
-    walk(ast.parse(source), False)
+    walk(parsed or ast.parse(source), False)
     return found
 
 
@@ -75,12 +74,12 @@ def _exempt(path: Path) -> bool:
 
 def test_every_import_in_a_function_says_why_it_waits():
     strays = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in source_files():
         if _exempt(path):
             continue
-        for line in unexplained_imports(path.read_text()):
-            text = path.read_text().splitlines()[line - 1].strip()
-            strays.append(f"{path.relative_to(ROOT)}:{line} {text}")
+        for line in unexplained_imports(text(path), tree(path)):
+            code = text(path).splitlines()[line - 1].strip()
+            strays.append(f"{path.relative_to(ROOT)}:{line} {code}")
     assert not strays, (
         f"imports inside functions without a '# {MARKER}: <reason>' comment (move them to "
         f"module level, or say why they wait): {strays}"
@@ -88,7 +87,7 @@ def test_every_import_in_a_function_says_why_it_waits():
 
 
 def test_every_exemption_names_files_that_exist():
-    files = [p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py")]
+    files = [p.relative_to(ROOT).as_posix() for p in source_files()]
     for pattern in BEING_WORKED_ON:
         assert fnmatch.filter(files, pattern), f"no file matches {pattern}"
 

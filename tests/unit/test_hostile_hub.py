@@ -202,9 +202,14 @@ def test_handshakes_without_the_key_are_counted(hub):
 
 def test_large_events_are_bounded_in_the_history_and_released_on_close():
     hub = TelemetryHub(2, curve=False, interval=0.5)
+    # More events than the history keeps, the last ones near the largest a message may be.
+    # Eight of those are enough: kept whole, one (1 MiB) would overflow the bound (800 KiB),
+    # and 300 of them took most of a second to decode.
+    small = json.dumps(schema.event(schema.STACKS, 1, 1, 0.0, text="y" * 100)).encode()
     text = "y" * (schema.MAX_MESSAGE_BYTES - 200)
-    raw = json.dumps(schema.event(schema.STACKS, 1, 1, 0.0, text=text)).encode()
-    for _ in range(300):
+    large = json.dumps(schema.event(schema.STACKS, 1, 1, 0.0, text=text)).encode()
+    events = [small] * 292 + [large] * 8
+    for raw in events:
         hub._take(raw)
     assert hub.received == 300
     assert hub.history_bytes() <= 200 * 4096

@@ -10,12 +10,8 @@ itself, the cell path, or listed here with the reason they cannot use it.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import jaxsys_kernel
-
-PACKAGE = Path(jaxsys_kernel.__file__).parent
-ROOT = PACKAGE.parent
+from .package_source import ROOT, source_files, text, tree
 
 # ipyparallel's names for sending a function: apply_async and apply_sync are its own, so
 # they count on any receiver; plain apply only on something that is a view.
@@ -54,16 +50,17 @@ def _is_view(expr: ast.expr, views: set[str]) -> bool:
     return False
 
 
-def direct_requests(source: str) -> list[int]:
-    """Line numbers of the calls in ``source`` that send a function to engines directly."""
-    tree = ast.parse(source)
+def direct_requests(source: str, parsed: ast.Module | None = None) -> list[int]:
+    """Line numbers of the calls in ``source`` that send a function to engines directly
+    (``parsed``: the tree of ``source``, when it is parsed already)."""
+    module = parsed or ast.parse(source)
     # Names bound to a view (``v = client[0]``) count as views wherever they are used.
     views: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(module):
         if isinstance(node, ast.Assign) and _is_view(node.value, views):
             views |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(module):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         attr, receiver = node.func.attr, node.func.value
@@ -81,13 +78,12 @@ def _allowed(rel: str) -> bool:
 
 def test_engines_are_asked_only_through_the_primitive_or_the_cell_path():
     strays = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in source_files():
         rel = path.relative_to(ROOT).as_posix()
         if _allowed(rel):
             continue
-        text = path.read_text()
-        for line in direct_requests(text):
-            strays.append(f"{rel}:{line} {text.splitlines()[line - 1].strip()}")
+        for line in direct_requests(text(path), tree(path)):
+            strays.append(f"{rel}:{line} {text(path).splitlines()[line - 1].strip()}")
     assert not strays, (
         "requests sent to engines directly: use cluster.call(ranks, fn, *args, timeout=...) "
         f"(or cluster.submit), or add the file to ALLOWED with the reason: {strays}"
@@ -95,7 +91,7 @@ def test_engines_are_asked_only_through_the_primitive_or_the_cell_path():
 
 
 def test_every_allowed_entry_names_files_that_exist():
-    files = [p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py")]
+    files = [p.relative_to(ROOT).as_posix() for p in source_files()]
     for pattern in ALLOWED:
         assert any(
             f == pattern or (pattern.endswith("/*") and f.startswith(pattern[:-1])) for f in files

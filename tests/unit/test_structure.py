@@ -10,34 +10,28 @@ import inspect
 import pickle
 import pkgutil
 import tomllib
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
 
-import jaxsys_kernel
 from jaxsys_kernel.cluster.calls import Calls, EngineCalls, ProcessNotRunning
 from jaxsys_kernel.errors import ClusterError, ConfigError, JaxsysError
 from jaxsys_kernel.magics.boundary import usage_boundary, usage_errors
 
-PACKAGE = Path(jaxsys_kernel.__file__).parent
-ROOT = PACKAGE.parent
+from .package_source import PACKAGE, ROOT, source_files, text, tree
+
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
 
-def _sources():
-    return sorted(PACKAGE.rglob("*.py"))
-
-
 def test_no_module_or_function_is_too_long():
     long_modules, long_functions = [], []
-    for path in _sources():
-        text = path.read_text()
-        if text.count("\n") > MAX_MODULE_LINES:
-            long_modules.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
-        for node in ast.walk(ast.parse(text)):
+    for path in source_files():
+        lines = text(path).count("\n")
+        if lines > MAX_MODULE_LINES:
+            long_modules.append(f"{path.relative_to(ROOT)} ({lines} lines)")
+        for node in ast.walk(tree(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
@@ -228,8 +222,8 @@ def test_kernel_side_modules_name_engine_functions_through_the_registry():
     kernel_side = ["kernel", "magics", "cells", "cluster", "telemetry", "widgets"]
     offenders = []
     for part in kernel_side:
-        for path in sorted((PACKAGE / part).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+        for path in (p for p in source_files() if PACKAGE / part in p.parents):
+            for node in ast.walk(tree(path)):
                 if not isinstance(node, ast.ImportFrom) or not node.module:
                     continue
                 module = node.module.removeprefix("jaxsys_kernel.")
