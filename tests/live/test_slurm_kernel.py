@@ -15,9 +15,10 @@ import re
 import signal
 import time
 
+import psutil
 import pytest
 
-from .. import slurm
+from .. import netns, slurm
 from ..harness import Kernel, status_table, tagged_processes
 
 START = (
@@ -68,6 +69,27 @@ def _nothing_left(hosts, tag: str, kernel: Kernel) -> float:
     return time.monotonic() - t0
 
 
+def _engines_on(hosts, i: int) -> int:
+    """Live engines (not their nannies) on host ``i``."""
+    n = 0
+    for pid in netns.namespace_pids(hosts.hosts.namespaces[i]):
+        try:
+            p = psutil.Process(pid)
+            cmd = " ".join(p.cmdline())
+            if p.status() != psutil.STATUS_ZOMBIE and "ipyparallel.engine" in cmd:
+                n += "nanny" not in cmd
+        except psutil.Error:
+            pass
+    return n
+
+
+def _wait(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout:g} s"
+        time.sleep(0.1)
+
+
 def test_a_slurm_cluster_from_the_kernel(hosts, tag):
     k = Kernel(tag)
     try:
@@ -88,8 +110,13 @@ def test_a_slurm_cluster_from_the_kernel(hosts, tag):
         assert "passed its timeout of 1.5 s" in out.stderr
         assert ">> " in out.stderr and "time.sleep(30)" in out.stderr, out.stderr
         assert k.ok("%%multihost\nprint('fine')").stdout == "[p0-2] fine\n"
-        # One process cannot be started again inside the running job step: refused, and
-        # the world is untouched.
+        # Killing one process (through its nanny, on its host) leaves the others running.
+        k.ok("%jaxsys kill 1")
+        rows = status_table(k.ok("%jaxsys status").stdout)
+        assert [rows[i]["state"] for i in range(3)] == ["ready", "dead", "ready"], rows
+        _wait(lambda: _engines_on(hosts, 1) == 0, 10, "no engine on host1")
+        assert _engines_on(hosts, 0) == _engines_on(hosts, 2) == 1
+        # It cannot be started again inside the running job step: refused, saying so.
         out = k.execute("%jaxsys restart 1")
         assert out.status == "error"
         assert (
