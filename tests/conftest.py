@@ -32,6 +32,15 @@ def kind_of(path: Path) -> str | None:
     return folder if folder in KINDS else None
 
 
+def pytest_ignore_collect(collection_path, config):
+    # `pytest -m unit` (the marker alone) would import every live and browser module only to
+    # deselect its tests: a few seconds of the unit run. Any other selection collects all.
+    kind = kind_of(collection_path)
+    if config.getoption("markexpr") == "unit" and kind is not None and kind != "unit":
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         kind = kind_of(item.path)
