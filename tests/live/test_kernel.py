@@ -16,7 +16,7 @@ from jupyter_kernel_test.msgspec_v5 import schema_fragments, validate_message
 
 from jaxsys_kernel.telemetry import aggregate
 
-from ..harness import tls_knock
+from ..harness import status_table, tls_knock
 
 
 def test_kernel_info(kernel):
@@ -211,13 +211,16 @@ def test_inspection_from_process_zero(kernel):
 
 def test_status_lists_every_process(kernel):
     out = kernel.ok("%jaxsys status")
-    text = out.stdout.split("\nrefused:")[0]  # a refusal line may follow (see below)
-    *lines, security = text.strip().splitlines()
-    assert lines[0].split() == ["process", "engine", "pid", "host", "devices", "state"]
-    assert [ln.split()[0] for ln in lines[1:]] == ["0", "1"]
-    assert [ln.split()[1] for ln in lines[1:]] == ["0", "1"]  # engine i is process i
-    assert all(ln.split()[-1] == "ready" for ln in lines[1:])
-    assert security.startswith("security: mTLS on the coordination service")
+    lines = out.stdout.splitlines()
+    assert lines[0] == "cluster: ready"
+    header = next(ln for ln in lines if ln.startswith("process"))
+    assert header.split() == ["process", "engine", "pid", "host", "devices", "state", "memory"]
+    table = status_table(out.stdout)
+    assert sorted(table) == [0, 1]
+    assert [table[r]["engine"] for r in (0, 1)] == ["0", "1"]  # engine i is process i
+    assert all(row["state"] == "ready" for row in table.values())
+    assert any(ln.startswith("standby: ") for ln in lines)
+    assert any(ln.startswith("security: mTLS on the coordination service") for ln in lines)
 
 
 def test_security_audit_lists_every_endpoint(kernel):
@@ -244,7 +247,9 @@ def _notices_until(kernel, notices: str, done, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
     while not done(notices) and time.monotonic() < deadline:
         time.sleep(0.1)
-        notices += kernel.ok("pass").stderr
+        out = kernel.ok("pass")
+        # A notice that something worked goes to stdout, a warning to stderr.
+        notices += out.stdout + out.stderr
     return notices
 
 
@@ -301,16 +306,19 @@ def test_rotate_certs_magic(kernel):
     assert "every 10 minutes" in out.stdout
     assert "still presents the old one" in kernel.ok("%jaxsys status").stdout
     # Restarted processes load the new files at once; the kernel notices and says so, once.
-    notices = kernel.ok("%jaxsys restart", timeout=120).stderr
+    restarted = kernel.ok("%jaxsys restart", timeout=120)
     notices = _notices_until(
-        kernel, notices, lambda text: "now presents the rotated certificate" in text
+        kernel,
+        restarted.stdout + restarted.stderr,
+        lambda text: "now presents the rotated certificate" in text,
     )
     assert re.search(
         r"jaxsys: the coordination service now presents the rotated certificate "
         r"\(serial 0x[0-9a-f]+\), \d+\.\d s after rotate-certs\.",
         notices,
     ), notices
-    assert "rotated certificate" not in kernel.ok("pass").stderr
+    after = kernel.ok("pass")
+    assert "rotated certificate" not in after.stdout + after.stderr
     assert "presented by the coordination service since" in kernel.ok("%jaxsys status").stdout
 
 
