@@ -13,6 +13,7 @@ from ..cluster.config import ClusterConfig
 from ..cluster.launchers import DEFAULT, launcher_class
 from ..cluster.options import kernelspec_layer
 from ..errors import ConfigError
+from .prepare import job_setup
 from .program import from_notebook, render
 from .run import run_job
 
@@ -30,16 +31,6 @@ def add_parser(sub) -> None:
     ClusterConfig.add_arguments(
         job.add_argument_group("cluster options, over the notebook's own %jaxsys start line")
     )
-
-
-def _timeouts(options: dict) -> dict[str, float]:
-    """The program's JAX timeouts, from the cluster options where they give them."""
-    out = {}
-    if options.get("init_timeout"):
-        out["init_timeout"] = options["init_timeout"]
-    if options.get("heartbeat_timeout"):
-        out["heartbeat"] = options["heartbeat_timeout"]
-    return out
 
 
 def cmd_job(args: argparse.Namespace) -> int:
@@ -61,8 +52,13 @@ def cmd_job(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or nb.with_name(nb.stem + "-job")).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        setup = job_setup(prog, out)
+    except ConfigError as e:
+        print(f"jaxsys job: {e}", file=sys.stderr)
+        return 2
     program = out / "program.py"
-    program.write_text(render(prog, nb.name, **_timeouts(prog.options)))
+    program.write_text(render(prog, nb.name, setup))
     try:
         files, command = launcher.batch_job(
             program,
@@ -76,6 +72,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     for name, text in files.items():
         (out / name).write_text(text)
     print(f"jaxsys job: {program} ({len(prog.cells)} cells, {len(prog.left_out)} left out)")
+    if setup.cert_dir:
+        print(f"jaxsys job: each process joins with mTLS, its certificate in {setup.cert_dir}")
     print(f"run with: (cd {shlex.quote(str(out))} && {shlex.join(command)})")
     if not args.submit:
         return 0

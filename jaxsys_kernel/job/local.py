@@ -47,7 +47,9 @@ def run(program: str, n: int, out_dir: Path) -> int:
             )  # fmt: skip
     failed_at = None
     code = 0
-    while any(p.poll() is None for p in procs):
+    # Every process is polled each round (any() would stop at the first one running, and
+    # never see a later one fail while the first waits for it in a collective).
+    while [p.poll() for p in procs].count(None):
         bad = [p.returncode for p in procs if p.returncode not in (None, 0)]
         if bad and failed_at is None:
             failed_at, code = time.monotonic(), bad[0]

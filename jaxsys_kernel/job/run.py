@@ -11,10 +11,11 @@ from .._ranges import format_procs
 from ..cells.collate import LineCollator
 from .program import CELL_MARK, ERROR_MARK, Program
 
-# What gloo prints (from C++, not from the cell) when a collective first connects.
-# Two processes' threads may write its two halves apart.
+# What gloo prints (from C++, not from the cell) when a collective first connects, once
+# per device: the threads of a process's devices may write its halves apart, even into
+# each other ("[Gloo] Rank [Gloo] Rank 1 is connected ...", then "0 is connected ...").
 GLOO_CHATTER = (
-    r"^\[Gloo\] Rank \d+\s*$|(\[Gloo\] Rank \d+)? ?is connected to \d+ peer ranks\. "
+    r"\[Gloo\] Rank (\d+\s*$)?|(\[Gloo\] Rank )?(\d+ )?is connected to \d+ peer ranks\. "
     r"Expected number of connected peer ranks is : \d+"
 )
 # What a launcher writes into a process's output when it stops the others after one failed

@@ -1,6 +1,7 @@
 """`jaxsys job --submit` for real: the quickstart notebook as one job of four local
-processes, its output collated as the notebook shows it, and a failing cell that stops
-every process and names itself."""
+processes, each joined with mTLS and the compilation cache a notebook's cluster has, its
+output collated as the notebook shows it, and a failing cell that stops every process and
+names itself."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from jaxsys_kernel.cluster import ClusterConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,6 +43,17 @@ def test_the_quickstart_runs_as_a_job(tmp_path):
         assert expected in log, log
     assert "program.py" not in log  # tracebacks start at the cell's own frames
     assert "Gloo" not in log
+    # Each process joined with its own certificate, refusing an insecure channel, and used
+    # the cache directory a notebook's cluster would (what it says before its first cell).
+    cache = ClusterConfig().cache_dir
+    for rank in range(4):
+        said = (tmp_path / f"p{rank}.out").read_text()
+        assert (
+            f"jaxsys job: process {rank} of 4: jax_mtls_cert_file={tmp_path}/pki/process-{rank}.pem "
+            f"jax_distributed_verify_secure_credentials=True jax_compilation_cache_dir={cache} "
+            "jax_enable_recoverability=True"
+        ) in said, said
+    assert "jaxsys job: process" not in log
 
 
 def test_a_failing_cell_stops_every_process_and_is_named(tmp_path):

@@ -3,7 +3,13 @@ output collated per cell."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import stat
+import sys
+import types
 from pathlib import Path
 
 from jaxsys_kernel import cli
@@ -71,6 +77,13 @@ def test_outputs_are_collated_per_cell_and_failures_named(tmp_path):
 
     result = collate_outputs(prog, {0: out(0, False), 1: out(1, True)})
     assert result.failures == {1: [1]}
+    # gloo's line of each device, written by two threads into each other, is no output.
+    gloo = "is connected to 7 peer ranks. Expected number of connected peer ranks is : 7"
+    tangled = f"{CELL_MARK}0\nsame\n[Gloo] Rank [Gloo] Rank 1 {gloo}\n0 {gloo}\n"
+    assert collate_outputs(prog, {0: tangled, 1: f"{CELL_MARK}0\nsame\n"}).log == (
+        "--- cell 0 ---\n[p0-1] same\n--- cell 1 (not reached on p0-1) ---\n"
+    )
+    assert result.failures == {1: [1]}
     assert result.log == (
         "--- cell 0 ---\n[p0-1] same\n[p0] rank 0\n[p1] rank 1\n"
         "--- cell 1 (failed on p1) ---\n[p1] Traceback\n[p1] NameError: boom\n"
@@ -91,3 +104,107 @@ def test_jaxsys_job_writes_the_program_and_the_launchers_files(tmp_path, capsys)
             assert "#SBATCH --ntasks=2" in text and "srun --kill-on-bad-exit=1" in text
     assert "run with:" in capsys.readouterr().out
     assert cli.main(["job", str(tmp_path / "missing.ipynb")]) == 2
+
+
+class _FakeConfig:
+    """JAX's options as the program reads them, from the environment it set; updates are
+    printed."""
+
+    FLAGS = ("jax_distributed_verify_secure_credentials", "jax_enable_recoverability")
+
+    def __getattr__(self, name):
+        value = os.environ.get(name.upper(), "")
+        return bool(value) if name in self.FLAGS else value
+
+    def update(self, name, value):
+        print("config", name, value)
+
+
+def _run_program(monkeypatch, capsys, text: str, **env) -> str:
+    """Run a generated program here, on a stand-in for JAX that prints what it is asked."""
+    fake = types.ModuleType("jax")
+    fake.config = _FakeConfig()
+    fake.distributed = types.SimpleNamespace(
+        initialize=lambda **kwargs: print("initialize", sorted(kwargs))
+    )
+    fake.process_index, fake.process_count = (lambda: 0), (lambda: 1)
+
+    def thread_guard(on):
+        print("thread_guard", on)
+        return contextlib.nullcontext()
+
+    fake.thread_guard = thread_guard
+    monkeypatch.setitem(sys.modules, "jax", fake)
+    monkeypatch.setattr(os, "environ", {"PATH": os.environ["PATH"], **env})
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    capsys.readouterr()
+    exec(compile(text, "program.py", "exec"), {"__name__": "__main__"})
+    return capsys.readouterr().out.replace(CELL_MARK, "cell ")
+
+
+def test_the_notebooks_guards_are_set_before_the_cells_they_cover(tmp_path, monkeypatch, capsys):
+    path = _nb(
+        tmp_path,
+        ("%jaxsys start --hosts 2 --thread-guard", []),
+        ("%%multihost\nprint('before')", []),
+        ("%jaxsys transfer-guard disallow", []),
+        ("%%multihost\nprint('guarded')", []),
+        ("%jaxsys transfer-guard", []),  # only shows the guard
+        ("%jaxsys transfer-guard --h2d log", []),
+        ("%%multihost\nprint('logged')", []),
+    )
+    prog = from_notebook(path)
+    assert prog.thread_guard
+    directions = ("host_to_device", "device_to_host", "device_to_device")
+    assert prog.settings == [
+        (2, {f"jax_transfer_guard_{d}": "disallow" for d in directions}),
+        (5, {"jax_transfer_guard_host_to_device": "log"}),
+    ]
+    left = dict(prog.left_out)
+    assert "sets its JAX options" in left[2] and left[4] == "%jaxsys runs in the kernel only"
+    out = _run_program(monkeypatch, capsys, render(prog, "nb.ipynb"), JAXSYS_PROCESS_ID="0")
+    lines = [line for line in out.splitlines() if not line.startswith("jaxsys job:")]
+    assert lines == [
+        "config jax_cpu_collectives_implementation gloo",
+        "initialize ['heartbeat_timeout_seconds', 'initialization_timeout']",
+        "thread_guard True",
+        "cell 1",
+        "before",
+        *(f"config jax_transfer_guard_{d} disallow" for d in directions),
+        "cell 3",
+        "guarded",
+        "config jax_transfer_guard_host_to_device log",
+        "cell 6",
+        "logged",
+    ]
+
+
+def test_a_transfer_guard_line_the_magic_refuses_is_named(tmp_path, capsys):
+    path = _nb(tmp_path, ("%jaxsys transfer-guard sometimes", []))
+    assert cli.main(["job", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cell 0's %jaxsys transfer-guard line" in err and "sometimes" in err
+
+
+def test_each_process_gets_the_clusters_setup_and_its_own_certificate(
+    tmp_path, monkeypatch, capsys
+):
+    path = _nb(tmp_path, ("%jaxsys start --hosts 2 --heartbeat 7 --cache-dir /tmp/cc", []))
+    out = tmp_path / "out"
+    assert cli.main(["job", str(path), "--out", str(out)]) == 0
+    for rank in (0, 1):
+        key = out / "pki" / f"process-{rank}.key"
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    text = (out / "program.py").read_text()
+    assert "'heartbeat_timeout_seconds': 7" in text
+    printed = _run_program(monkeypatch, capsys, text, JAXSYS_PROCESS_ID="1")
+    said = next(line for line in printed.splitlines() if line.startswith("jaxsys job:"))
+    assert said == (
+        f"jaxsys job: process 0 of 1: jax_mtls_cert_file={out}/pki/process-1.pem "
+        "jax_distributed_verify_secure_credentials=True jax_compilation_cache_dir=/tmp/cc "
+        "jax_enable_recoverability=True"
+    )
+    # Without mTLS: no certificates, and none asked for.
+    assert cli.main(["job", str(path), "--out", str(tmp_path / "plain"), "--insecure"]) == 0
+    assert not (tmp_path / "plain" / "pki").exists()
+    assert "JAX_MTLS" not in (tmp_path / "plain" / "program.py").read_text()
