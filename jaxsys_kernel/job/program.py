@@ -257,7 +257,6 @@ DEVICES_PER_HOST = {devices}
 # cache, recoverability, --env), and by rank (its mTLS certificate and key).
 ENV = {env!r}
 PROCESS_ENV = {process_env!r}
-INITIALIZE = {initialize!r}
 # JAX options the notebook's %jaxsys transfer-guard lines set, by the cell that set them,
 # and whether its %jaxsys start line has --thread-guard.
 SETTINGS = {settings!r}
@@ -284,7 +283,8 @@ os.environ["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={{DEVICES_P
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
-kwargs = dict(INITIALIZE)
+kwargs = dict(
+{initialize})
 if os.environ.get("JAXSYS_COORDINATOR"):
     kwargs.update(
         coordinator_address=os.environ["JAXSYS_COORDINATOR"], num_processes=SIZE, process_id=RANK
@@ -384,7 +384,7 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
     setup = setup or JobSetup()
     initialize = {"initialization_timeout": int(setup.init_timeout)}
     if setup.heartbeat is not None:
-        initialize["heartbeat_timeout_seconds"] = int(setup.heartbeat)
+        initialize = {"heartbeat_timeout_seconds": int(setup.heartbeat), **initialize}
     out = [
         _HEADER.format(
             notebook=notebook,
@@ -392,7 +392,7 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
             devices=prog.devices_per_host,
             env=setup.env,
             process_env=setup.process_env,
-            initialize=initialize,
+            initialize="".join(f"    {k}={v!r},\n" for k, v in initialize.items()),
             settings=prog.settings,
             thread_guard=prog.thread_guard,
         ),

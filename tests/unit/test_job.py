@@ -196,7 +196,7 @@ def test_each_process_gets_the_clusters_setup_and_its_own_certificate(
         key = out / "pki" / f"process-{rank}.key"
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
     text = (out / "program.py").read_text()
-    assert "'heartbeat_timeout_seconds': 7" in text
+    assert "heartbeat_timeout_seconds=7," in text
     printed = _run_program(monkeypatch, capsys, text, JAXSYS_PROCESS_ID="1")
     said = next(line for line in printed.splitlines() if line.startswith("jaxsys job:"))
     assert said == (
