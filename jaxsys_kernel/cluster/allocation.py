@@ -11,12 +11,17 @@ cluster can be attached to after its kernel restarted.
 from __future__ import annotations
 
 import enum
+import json
+import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
+from .. import contract
+from ..errors import ConfigError
 from .records import ClusterStartError
 
 # Seconds between polls of a scheduler while a job waits to run.
@@ -226,3 +231,59 @@ def allocation_from_dict(d: dict[str, Any]) -> Allocation:
             f"no allocation of kind {d.get('kind')!r}; known kinds: {', '.join(_KINDS)}"
         ) from None
     return cls.from_dict(d)
+
+
+# -- an allocation kept for the next kernel ---------------------------------------------------
+
+#: The file, in the state directory, that keeps one allocation and its cluster's options.
+SAVED_NAME = "kernel-allocation.json"
+
+
+def state_dir() -> Path:
+    """Where jaxsys keeps state between processes: ``$JAXSYS_STATE_DIR``, else
+    ``~/.jaxsys/clusters`` (the directory ``jaxsys cluster start`` uses)."""
+    given = os.environ.get(contract.STATE_DIR)
+    return Path(given) if given else Path.home() / ".jaxsys" / "clusters"
+
+
+def saved_file() -> Path:
+    """The file :func:`save_allocation` writes."""
+    return state_dir() / SAVED_NAME
+
+
+def save_allocation(allocation: Allocation, options: Mapping[str, Any]) -> Path:
+    """Keep ``allocation`` and the options of the cluster it served (``ClusterConfig``'s
+    :meth:`to_dict`), for ``%jaxsys attach`` in a later kernel; returns the file."""
+    path = saved_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    saved = {"allocation": allocation.to_dict(), "options": dict(options), "saved": time.time()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_saved() -> tuple[Allocation, dict[str, Any]] | None:
+    """The allocation :func:`save_allocation` kept and its cluster's options, or None.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, when it cannot be read or does not describe an allocation.
+    """
+    path = saved_file()
+    try:
+        saved = json.loads(path.read_text())
+        return allocation_from_dict(saved["allocation"]), dict(saved.get("options") or {})
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{path} does not describe a saved allocation ({e}); remove it, and give the "
+            "job's id instead"
+        ) from None
+
+
+def forget_saved() -> None:
+    """Remove the kept allocation (it ended, or was given back)."""
+    saved_file().unlink(missing_ok=True)

@@ -184,6 +184,11 @@ class SlurmAllocation(Allocation):
         if self.job_id is None:
             return
         cancel_job(self.job_id)
+        self.keep()  # the watchdog has nothing left to watch
+
+    def keep(self) -> None:
+        """Let the job outlive this process: its watchdog, which would cancel it when this
+        process dies, goes (the job is then its owner's to cancel, or to attach to)."""
         if self.watchdog is not None:
             with contextlib.suppress(OSError):
                 self.watchdog.kill()

@@ -24,7 +24,7 @@ from .actions_cache import cache
 from .actions_divergence import divergence
 from .actions_guard import barrier, transfer_guard
 from .actions_help import Action
-from .actions_jobs import attach, job_line, line_options
+from .actions_jobs import attach, job_line, keep_allocation, line_options, stop_note
 from .actions_logs import logs
 from .actions_profile import profile
 from .boundary import usage_errors
@@ -116,23 +116,37 @@ def start(session, args: argparse.Namespace) -> None:
 
 
 @magic_arguments("jaxsys stop")
+@argument(
+    "--keep-allocation",
+    action="store_true",
+    help="keep the cluster's Slurm job (saved for %%jaxsys attach, also after a kernel restart)",
+)
 def stop(session, args: argparse.Namespace) -> None:
     """Kill every process of the cluster.
 
-    Shutting down or restarting the kernel does the same.
+    Shutting down or restarting the kernel does the same. ``--keep-allocation`` keeps what
+    the processes ran on when it outlives them (a Slurm job, not cancelled), saved with the
+    cluster's options, so that ``%jaxsys attach`` starts engines in it again without
+    queueing, in this kernel or the next.
 
     Examples
     --------
     ::
 
         %jaxsys stop
+        %jaxsys stop --keep-allocation
     """
+    kept = keep_allocation(session) if args.keep_allocation else None
+    cluster = session.cluster
     took = session.stop()
     print(
         "jaxsys: no cluster was running"
         if took is None
         else f"jaxsys: cluster stopped in {took:.2f} s"
     )
+    note = kept or (stop_note(cluster) if took is not None else None)
+    if note:
+        print(note)
 
 
 @magic_arguments("jaxsys restart")

@@ -1,6 +1,6 @@
 """``%jaxsys`` and schedulers: the cluster options a ``start`` line gives (the scheduler's
-among them), the job line of ``status``, and ``attach`` (a cluster in a job that runs
-already)."""
+among them), the job line of ``status``, ``attach`` (a cluster in a job that runs
+already, given by its id or kept from an earlier kernel) and ``stop --keep-allocation``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import contract
+from ..cluster.allocation import forget_saved, load_saved, save_allocation, saved_file
 from ..cluster.allocation_slurm import SlurmAllocation
 from ..cluster.config import ClusterConfig
 from ..cluster.launchers.registry import describe, names_where
@@ -62,8 +63,93 @@ def job_line(cluster) -> str | None:
     return f"job {job['job_id']}: {job['state']}"
 
 
+def keep_allocation(session) -> str:
+    """Before ``%jaxsys stop --keep-allocation``: keep the cluster's job past the stop (and
+    past this kernel), saved with the cluster's options for ``%jaxsys attach``.
+
+    Returns
+    -------
+    str
+        What was kept, and how to use it or give it back.
+
+    Raises
+    ------
+    UsageError
+        When no cluster runs, or its launcher holds nothing that outlives it.
+    """
+    cluster = session.require_cluster()
+    alloc = cluster.world.launcher.keep_allocation()
+    if alloc is None:
+        able = names_where(_takes_job_id)
+        raise UsageError(
+            f"the {cluster.config.launcher} launcher holds nothing that outlives its engines "
+            f"(only {describe(able)} runs them in a scheduler's job); use %jaxsys stop"
+        )
+    path = save_allocation(alloc, _saved_options(cluster))
+    return (
+        f"jaxsys: {alloc.describe_job()} is kept (saved in {path}): %jaxsys attach starts "
+        f"engines in it again, also after a kernel restart; scancel {alloc.job_id} gives it back"
+    )
+
+
+def _takes_job_id(kind) -> bool:
+    """Whether a launcher starts engines in a running job (it takes a job's id)."""
+    return kind.takes_options and "job_id" in kind.option_names()[1]
+
+
+def _saved_options(cluster) -> dict[str, Any]:
+    """The cluster's options as saved for an attach: those given, and its size, which a
+    later kernel's defaults must not decide."""
+    cfg = cluster.config
+    return {**cfg.to_dict(), "hosts": cfg.nprocs, "devices_per_host": cfg.devices_per_host}
+
+
+def stop_note(cluster) -> str | None:
+    """After a stop: a line saying the job the cluster ran in is still there, or None."""
+    config = getattr(cluster, "config", None)  # None: no cluster (or one without options)
+    job_id = config.launcher_options.get("job_id") if config is not None else None
+    if not job_id:
+        return None
+    return (
+        f"jaxsys: Slurm job {job_id} keeps running (the cluster was attached to it): "
+        f"%jaxsys attach reuses it; scancel {job_id} gives it back"
+    )
+
+
+def _saved_job() -> tuple[str, dict[str, Any]]:
+    """The job a stop kept (its id) and the options of the cluster it ran, checked to be
+    still there.
+
+    Raises
+    ------
+    UsageError
+        When nothing is saved, or the saved job has ended (the file is then forgotten).
+    """
+    saved = load_saved()
+    if saved is None or saved[0].job_id is None:
+        raise UsageError(
+            f"no saved job to attach to ({saved_file()} holds none): give a job id "
+            "(%jaxsys attach JOB), or keep a cluster's job with %jaxsys stop --keep-allocation"
+        )
+    alloc, options = saved
+    status = alloc.poll()
+    if status.state.terminal:
+        forget_saved()
+        raise UsageError(
+            f"the saved {alloc.describe_job()} is {status.describe()}: nothing to attach to; "
+            "start a new cluster (%jaxsys start --launcher slurm ...)"
+        )
+    options.setdefault("hosts", getattr(alloc, "ntasks", None) or max(1, len(status.hosts)))
+    return alloc.job_id, options
+
+
 @magic_arguments("jaxsys attach")
-@argument("job_id", metavar="JOB", help="the running Slurm job to start the engines in")
+@argument(
+    "job_id",
+    nargs="?",
+    metavar="JOB",
+    help="the running Slurm job to start the engines in (default: the one a stop kept)",
+)
 @argument("--hosts", type=int, default=None, metavar="N", help="processes (default: 1 per task)")
 @argument("--devices-per-host", type=int, default=None, metavar="D", help="CPU devices each")
 def attach(session, args: argparse.Namespace) -> None:
@@ -71,27 +157,38 @@ def attach(session, args: argparse.Namespace) -> None:
 
     Nothing is queued: the engines run as a step of job ``JOB`` (for instance one that
     ``salloc`` or ``sbatch`` made, or one that ``jaxsys cluster start --launcher slurm``
-    holds). Stopping the cluster stops the engines and leaves the job to its owner.
+    holds). Without ``JOB``, the job that ``%jaxsys stop --keep-allocation`` kept (or the
+    last one attached to), in this kernel or an earlier one, with the options of the
+    cluster that ran in it. Stopping the cluster stops the engines and leaves the job
+    running, kept for the next attach.
 
     Examples
     --------
     ::
 
         %jaxsys attach 1234 --hosts 4
+        %jaxsys stop --keep-allocation
+        %jaxsys attach
     """
     # The launcher that starts engines in a running job: the one that takes a job's id.
-    able = names_where(lambda k: k.takes_options and "job_id" in k.option_names()[1])
+    able = names_where(_takes_job_id)
     if len(able) != 1:
         raise UsageError(f"attach needs one launcher that takes a job id, not {describe(able)}")
-    if not args.job_id.isdigit():
+    options: dict[str, Any] = {}
+    if args.job_id is None:
+        job_id, options = _saved_job()
+    elif not args.job_id.isdigit():
         raise UsageError(f"JOB must be a Slurm job id (digits), not {args.job_id!r}")
-    status = SlurmAllocation(job_id=args.job_id).poll()
-    if status.state.terminal:
-        raise UsageError(f"Slurm job {args.job_id} is {status.describe()}: nothing to attach to")
-    hosts = args.hosts if args.hosts is not None else max(1, len(status.hosts))
-    session.start(
-        hosts=hosts,
-        devices_per_host=args.devices_per_host,
-        launcher=able[0],
-        launcher_options={"job_id": args.job_id},
-    )
+    else:
+        job_id = args.job_id
+        status = SlurmAllocation(job_id=job_id).poll()
+        if status.state.terminal:
+            raise UsageError(f"Slurm job {job_id} is {status.describe()}: nothing to attach to")
+        options["hosts"] = max(1, len(status.hosts))
+    given = {"hosts": args.hosts, "devices_per_host": args.devices_per_host}
+    options.update({k: v for k, v in given.items() if v is not None})
+    launcher_options = {**options.get("launcher_options", {}), "job_id": job_id}
+    options.update(launcher=able[0], launcher_options=launcher_options)
+    session.start(**options)
+    # Kept for the next attach: the job outlives this cluster and this kernel.
+    save_allocation(SlurmAllocation(job_id=job_id, ntasks=options["hosts"]), options)

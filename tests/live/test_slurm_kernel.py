@@ -2,7 +2,8 @@
 ``%jaxsys start --launcher slurm`` on a private Slurm of three namespace hosts
 (tests/slurm.py), its processes one per host, its job in ``%jaxsys status``, the hang
 doctor's stacks coming back from the hosts, and nothing left (no job in the queue, no
-engine on any host) after ``%jaxsys stop`` or after the kernel is killed.
+engine on any host) after ``%jaxsys stop`` or after the kernel is killed; and a job kept
+with ``%jaxsys stop --keep-allocation`` attached to again after a kernel restart.
 
 The kernel finds this Slurm through ``SLURM_CONF``, which the fixture puts into the
 environment every kernel here inherits.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 
 import psutil
@@ -138,5 +140,42 @@ def test_killing_the_kernel_cancels_the_job(hosts, tag):
         os.kill(k.pid, signal.SIGKILL)
         took = _nothing_left(hosts, tag, k)
         assert took < DRAIN_S
+    finally:
+        k.shutdown()
+
+
+def test_a_kept_job_is_attached_to_again_after_a_kernel_restart(hosts, tag, tmp_path):
+    k = Kernel(tag, extra_env={"JAXSYS_STATE_DIR": str(tmp_path)})
+    job_id = None
+    try:
+        job_id = _start(k, hosts)
+        out = k.ok("%jaxsys stop --keep-allocation")
+        assert f"Slurm job {job_id} is kept" in out.stdout, out.stdout
+        _wait(lambda: sum(_engines_on(hosts, i) for i in range(3)) == 0, 10, "engines gone")
+        # A restart ends the kernel (and what it started): the job stays, alone in the queue.
+        k.km.restart_kernel(now=False)
+        k.kc.wait_for_ready(timeout=60)
+        assert hosts.queue() == [f"{job_id} RUNNING"]
+        out = k.execute("%jaxsys attach", timeout=180)
+        assert out.status == "ok", f"{out.error}\n{out.stderr}\n{hosts.log_tail()}"
+        # The engines run in the same job, on its three nodes, and nothing else was queued.
+        out = k.ok(WHERE_CELL)
+        assert out.stdout == "".join(f"[p{i}] {i} on host{i}\n" for i in range(3)), out.stdout
+        assert hosts.queue() == [f"{job_id} RUNNING"]
+        assert f"job {job_id}: running on host0,host1,host2" in k.ok("%jaxsys status").stdout
+        out = k.ok("%jaxsys stop")
+        assert f"Slurm job {job_id} keeps running" in out.stdout, out.stdout
+    finally:
+        if job_id is not None:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=20, check=False)
+        k.shutdown()
+    _nothing_left(hosts, tag, k)
+    # An ended job is no attach: said, and forgotten.
+    k = Kernel(tag, extra_env={"JAXSYS_STATE_DIR": str(tmp_path)})
+    try:
+        out = k.execute("%jaxsys attach")
+        assert out.status == "error"
+        assert f"the saved Slurm job {job_id} is" in out.error["evalue"], out.error
+        assert "%jaxsys start" in out.error["evalue"]
     finally:
         k.shutdown()

@@ -463,7 +463,8 @@ def test_kill_and_restart_refuse_a_bad_selection(shell, session, line, words):
     assert session.calls == []
 
 
-def test_attach_takes_the_launcher_from_the_registry(monkeypatch):
+def test_attach_takes_the_launcher_from_the_registry(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXSYS_STATE_DIR", str(tmp_path))  # where attach keeps the job
     from jaxsys_kernel.cluster.allocation import JobState, JobStatus
     from jaxsys_kernel.cluster.allocation_slurm import SlurmAllocation
     from jaxsys_kernel.cluster.launchers import launcher_class

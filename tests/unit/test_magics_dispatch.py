@@ -216,7 +216,9 @@ def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, se
 
 
 def test_an_extra_word_is_refused(shell, session):
-    with pytest.raises(UsageError, match=r"%jaxsys stop got an extra 'now'; it takes no options"):
+    with pytest.raises(
+        UsageError, match=r"%jaxsys stop got an extra 'now'; it takes --keep-allocation"
+    ):
         jaxsys(shell, "stop now")
     with pytest.raises(UsageError, match=r"%jaxsys kill got an extra '3'; it takes P, --signal"):
         jaxsys(shell, "kill 2 3")
@@ -282,7 +284,8 @@ def test_the_action_table():
     }
     assert OWN["kill"] == {"P", "--signal", "--procs"} and OWN["inspect"] == {"NAME", "--detail"}
     assert OWN["logs"] == {"P", "--tail", "--procs"} and OWN["restart"] == {"P", "--procs"}
-    assert all(not OWN[n] for n in ("stop", "status", "dashboard", "security", "rotate-certs"))
+    assert all(not OWN[n] for n in ("status", "dashboard", "security", "rotate-certs"))
+    assert OWN["stop"] == {"--keep-allocation"}
 
 
 # -- help ---------------------------------------------------------------------------------------

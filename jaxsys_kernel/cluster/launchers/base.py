@@ -258,6 +258,12 @@ class Launcher:
         """The scheduler job the engines run in (id, state, nodes), or None."""
         return None
 
+    def keep_allocation(self):
+        """Keep what the engines run on past the next teardown (a scheduler's job, which
+        ``%jaxsys attach`` can then reuse) and return its Allocation; None when nothing
+        here outlives the cluster."""
+        return None
+
     def release_ports(self) -> None:
         """Close the sockets holding ports for processes (the processes keep theirs)."""
         held, self._held_ports = self._held_ports, []

@@ -49,6 +49,8 @@ class SlurmLauncher(Launcher):
         super().__init__(config)
         self.allocation: SlurmAllocation | None = None
         self._last_poll = 0.0
+        # The job outlives the cluster (keep_allocation): release leaves it running.
+        self._kept = False
 
     @classmethod
     def option_names(cls) -> tuple[str, set[str]]:
@@ -115,11 +117,22 @@ class SlurmLauncher(Launcher):
             kill_steps(self.allocation.job_id)
 
     def release(self) -> None:
-        """Cancel the job: the hosts go back to Slurm."""
+        """Cancel the job (the hosts go back to Slurm), unless it was given by its id or
+        kept."""
         super().release()
         alloc, self.allocation = self.allocation, None
-        if alloc is not None and not self.config.launcher_options.get("job_id"):
+        if alloc is not None and not self.config.launcher_options.get("job_id") and not self._kept:
             alloc.cancel()
+
+    def keep_allocation(self) -> SlurmAllocation | None:
+        """Keep the job past the cluster's teardown and this process's death (its
+        watchdog goes); the engines still stop. Returns the job, or None before one runs."""
+        alloc = self.allocation
+        if alloc is None or alloc.job_id is None:
+            return None
+        alloc.keep()
+        self._kept = True
+        return alloc
 
     def job(self) -> dict[str, Any] | None:
         """The job's id, state and nodes, for ``%jaxsys status``."""

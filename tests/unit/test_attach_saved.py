@@ -1,0 +1,105 @@
+"""A Slurm job kept past a cluster and its kernel: ``%jaxsys stop --keep-allocation`` saves
+it with the cluster's options, and ``%jaxsys attach`` with no job id starts the engines in
+it again, or says plainly why it cannot."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from IPython.core.error import UsageError
+
+from jaxsys_kernel.cluster.allocation import (
+    JobState,
+    JobStatus,
+    load_saved,
+    save_allocation,
+    saved_file,
+)
+from jaxsys_kernel.cluster.allocation_slurm import SlurmAllocation
+from jaxsys_kernel.cluster.config import ClusterConfig
+from jaxsys_kernel.cluster.launchers import make_launcher
+from jaxsys_kernel.errors import ConfigError
+from jaxsys_kernel.magics import actions
+
+from ..fakes import StartSession
+
+
+@pytest.fixture(autouse=True)
+def state(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXSYS_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def _job_is(monkeypatch, state: JobState, hosts=("n0", "n1", "n2")):
+    monkeypatch.setattr(SlurmAllocation, "poll", lambda self: JobStatus(state, hosts=list(hosts)))
+
+
+def test_a_saved_allocation_comes_back_with_its_options(state):
+    path = save_allocation(SlurmAllocation(name="jaxsys-x", ntasks=3, job_id="12"), {"hosts": 3})
+    assert path == state / "kernel-allocation.json" == saved_file()
+    alloc, options = load_saved()
+    assert isinstance(alloc, SlurmAllocation)
+    assert (alloc.job_id, alloc.ntasks, options) == ("12", 3, {"hosts": 3})
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="kernel-allocation.json does not describe"):
+        load_saved()
+
+
+def test_attach_without_a_job_id_reuses_the_kept_job_and_its_options(monkeypatch):
+    _job_is(monkeypatch, JobState.RUNNING)
+    options = {"hosts": 3, "devices_per_host": 1, "env": {"A": "1"}, "launcher": "slurm"}
+    save_allocation(SlurmAllocation(ntasks=3, job_id="12"), options)
+    session = StartSession(cluster=None)
+    actions.dispatch(session, "attach --devices-per-host 2")
+    assert session.kwargs["launcher_options"] == {"job_id": "12"}
+    assert (session.kwargs["hosts"], session.kwargs["devices_per_host"]) == (3, 2)
+    assert session.kwargs["env"] == {"A": "1"}
+    # Kept again, for the next kernel.
+    assert load_saved()[0].job_id == "12"
+
+
+def test_attach_says_what_to_do_without_a_kept_job_or_when_it_ended(monkeypatch):
+    session = StartSession(cluster=None)
+    with pytest.raises(UsageError, match=r"no saved job to attach to .*--keep-allocation"):
+        actions.dispatch(session, "attach")
+    _job_is(monkeypatch, JobState.CANCELLED)
+    save_allocation(SlurmAllocation(ntasks=3, job_id="12"), {"hosts": 3})
+    with pytest.raises(UsageError, match=r"saved Slurm job 12 is cancelled.*%jaxsys start"):
+        actions.dispatch(session, "attach")
+    assert load_saved() is None  # an ended job is forgotten
+    assert session.kwargs is None
+
+
+def _cluster(launcher_name: str, **options):
+    config = ClusterConfig(hosts=3, launcher=launcher_name, **options)
+    launcher = make_launcher(config)
+    return types.SimpleNamespace(config=config, world=types.SimpleNamespace(launcher=launcher))
+
+
+def test_stop_keep_allocation_keeps_the_job_past_the_teardown(monkeypatch, capsys):
+    cluster = _cluster("slurm")
+    launcher = cluster.world.launcher
+    launcher.allocation = SlurmAllocation(name="jaxsys-x", ntasks=3, job_id="12")
+    cancelled = []
+    monkeypatch.setattr(SlurmAllocation, "cancel", lambda self: cancelled.append(self.job_id))
+
+    class Session(StartSession):
+        def stop(self):
+            launcher.release()  # what the teardown does
+            return 0.5
+
+    actions.dispatch(Session(cluster), "stop --keep-allocation")
+    out = capsys.readouterr().out
+    assert "cluster stopped in 0.50 s" in out
+    assert "Slurm job 12 is kept" in out and "scancel 12" in out
+    assert cancelled == []
+    alloc, options = load_saved()
+    assert alloc.job_id == "12" and options["hosts"] == 3 and options["launcher"] == "slurm"
+
+
+def test_stop_keep_allocation_refuses_a_launcher_without_one(capsys):
+    session = StartSession(_cluster("local"))
+    with pytest.raises(UsageError, match="the local launcher holds nothing that outlives"):
+        actions.dispatch(session, "stop --keep-allocation")
+    assert load_saved() is None
