@@ -36,6 +36,8 @@ window.show = async (code, state) => {
     off() {},
   };
   window.deliver = (msg) => { for (const cb of handlers["msg:custom"] || []) cb(msg); };
+  // As anywidget does: the model's own set-up first, then a view.
+  mod.default.initialize?.({ model });
   mod.default.render({ model, el: document.getElementById("out") });
 };
 window.ready = true;

@@ -1,7 +1,7 @@
 // @ts-check
 // CacheView: compilation-cache statistics, one row per process plus a total.
 // Python inlines shared.js in place of the import below (see shared.js for why).
-import { formatBytes, formatRanges, formatSeconds, groupButtons, h, mount } from "./shared.js";
+import { formatBytes, formatRanges, formatSeconds, groupButtons, h, keepInStep, mount } from "./shared.js";
 
 /** @typedef {import("./shared.js").AnyModel} AnyModel */
 
@@ -137,6 +137,7 @@ function renderCache(model, root) {
 const VIEW = { kind: "cache", draw: renderCache, traits: ["stats", "summary", "open_group", "rows_version"] };
 
 export default {
+  initialize: keepInStep,
   /** @param {{model: AnyModel, el: HTMLElement}} ctx */
   render: (ctx) => mount(ctx, VIEW),
 };

@@ -2,7 +2,7 @@
 // LiveDevicesView: which processes and devices are alive, heartbeat ages, controls and
 // the event log.
 // Python inlines shared.js in place of the import below (see shared.js for why).
-import { formatRanges, formatSeconds, groupButtons, h, mount } from "./shared.js";
+import { formatRanges, formatSeconds, groupButtons, h, keepInStep, mount } from "./shared.js";
 
 /** @typedef {import("./shared.js").AnyModel} AnyModel */
 
@@ -136,6 +136,7 @@ const VIEW = { kind: "live", draw: renderLive, traits: ["liveness", "event_log",
   "summary", "open_group", "rows_version"] };
 
 export default {
+  initialize: keepInStep,
   /** @param {{model: AnyModel, el: HTMLElement}} ctx */
   render: (ctx) => mount(ctx, VIEW),
 };

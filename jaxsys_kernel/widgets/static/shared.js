@@ -228,6 +228,22 @@ export function canvasOf(width, height, rects) {
 // ------------------------------------------------------------------- deltas and groups
 
 /**
+ * Keep a model's rows in step with the kernel's deltas for as long as the model lives,
+ * shown or not: the kernel sends deltas from the moment the view exists, and a view
+ * displayed later must not start from rows that missed them. The kernel is asked once for
+ * the rows whole, for deltas sent before this module had loaded.
+ * Use it as a view module's anywidget `initialize`.
+ * @param {{model: AnyModel & {send: (m: any) => void}}} ctx
+ * @returns {() => void}
+ */
+export function keepInStep({ model }) {
+  const onMsg = (/** @type {any} */ msg) => applyMessage(model, msg);
+  model.on("msg:custom", onMsg);
+  model.send({ type: "resync" });
+  return () => model.off("msg:custom", onMsg);
+}
+
+/**
  * Apply a delta the kernel sent (`rowsync.py`) to the model's copy of a trait, without
  * sending it back: the copy stays current, and a saved notebook keeps it.
  * `{type: "rows", trait, v, base, rows, gone, ages, log?}` changes rows keyed by rank (a
@@ -333,10 +349,8 @@ export function mount({ model, el }, view) {
     requestAnimationFrame(draw);
   };
   draw();
+  // Deltas change the traits above (see keepInStep), which redraws.
   for (const t of view.traits) model.on(`change:${t}`, schedule);
-  // Deltas arrive as custom messages and change the traits above, which redraws.
-  const onMsg = (/** @type {any} */ msg) => applyMessage(/** @type {any} */ (model), msg);
-  model.on("msg:custom", onMsg);
   // The first draw may happen before the output is attached (width 0): redraw on resize.
   const ro = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(() => {
     if (Math.abs(root.clientWidth - lastWidth) > 24) schedule();
@@ -344,7 +358,6 @@ export function mount({ model, el }, view) {
   ro?.observe(root);
   return () => {
     for (const t of view.traits) model.off(`change:${t}`, schedule);
-    model.off("msg:custom", onMsg);
     ro?.disconnect();
     root.remove();
   };
