@@ -12,6 +12,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
 from .. import contract
 from ..protocol import ProcessState, shown_state
 from . import schema
@@ -58,8 +61,6 @@ class TelemetryHub:
         interval: float = 1.0,
         advertise: str | None = None,
     ):
-        import zmq
-
         self.nprocs = nprocs
         self.interval = interval
         self._lock = threading.Lock()
@@ -287,8 +288,6 @@ class TelemetryHub:
                 self._stop.wait(0.1)
 
     def _loop(self) -> None:
-        import zmq
-
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
@@ -314,9 +313,6 @@ class TelemetryHub:
             self._notify()
 
     def _watch_connections(self) -> None:
-        import zmq
-        from zmq.utils.monitor import parse_monitor_message
-
         while self._monitor.poll(0):
             event = parse_monitor_message(self._monitor.recv_multipart())["event"]
             with self._lock:
