@@ -20,9 +20,10 @@ from jupyter_core.paths import jupyter_runtime_dir
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from traitlets.config import Config
 
-from . import contract, saved
+from . import saved
 from ._version import __version__
 from .cluster import Cluster
+from .cluster.allocation import state_dir
 from .cluster.config import ClusterConfig
 from .cluster.options import OVERRIDES_VARIABLE, checked, jsonable, kernelspec_layer, merge_layers
 from .cluster.teardown import pid_alive
@@ -30,7 +31,8 @@ from .errors import ConfigError
 from .job.cli import add_parser as add_job_parser
 from .job.cli import cmd_job
 
-STATE_DIR = Path(os.environ.get(contract.STATE_DIR, Path.home() / ".jaxsys" / "clusters"))
+# The same directory a kernel keeps a Slurm job in for %jaxsys attach (cluster/allocation.py).
+STATE_DIR = state_dir()
 
 
 def _state_file(name: str) -> Path:

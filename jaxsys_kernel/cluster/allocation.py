@@ -122,6 +122,8 @@ class Allocation:
     ----------
     hosts : list of str, optional
         The hosts; this machine when omitted.
+    label : str, optional
+        How messages name the grant (``"this machine"``, ``"the named hosts"``).
     """
 
     #: The name saved in :meth:`to_dict`, by which :func:`allocation_from_dict` finds the class.
@@ -129,8 +131,9 @@ class Allocation:
     #: Whether the grant can end under a running cluster (and must be polled).
     can_end: ClassVar[bool] = False
 
-    def __init__(self, hosts: list[str] | None = None):
+    def __init__(self, hosts: list[str] | None = None, label: str | None = None):
         self._hosts = list(hosts) if hosts else [socket.gethostname()]
+        self.label = label or ("the hosts" if hosts else "this machine")
         self.job_id: str | None = None
 
     def submit(self) -> None:
@@ -192,16 +195,16 @@ class Allocation:
 
     def describe_job(self) -> str:
         """How messages name this allocation."""
-        return "the hosts"
+        return self.label
 
     def to_dict(self) -> dict[str, Any]:
         """What :func:`allocation_from_dict` needs to find this allocation again."""
-        return {"kind": self.kind, "hosts": self.hosts, "job_id": self.job_id}
+        return {"kind": self.kind, "hosts": self.hosts, "job_id": self.job_id, "label": self.label}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Allocation:
         """The allocation :meth:`to_dict` described."""
-        return cls(hosts=d.get("hosts"))
+        return cls(hosts=d.get("hosts"), label=d.get("label"))
 
 
 _KINDS: dict[str, type[Allocation]] = {}
@@ -214,6 +217,66 @@ def register(cls: type[Allocation]) -> type[Allocation]:
 
 
 register(Allocation)
+
+
+def hostfile_hosts(path: str | os.PathLike) -> list[str]:
+    """The hosts an Open MPI hostfile names (``node1 slots=2``), each once, in order.
+
+    Raises
+    ------
+    ConfigError
+        When the file cannot be read.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read the hostfile {path}: {e.strerror}") from None
+    hosts: list[str] = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words and words[0] not in hosts:
+            hosts.append(words[0])
+    return hosts
+
+
+@register
+class MpiAllocation(Allocation):
+    """The hosts of one ``mpiexec`` job: those its hostfile names, or this machine.
+
+    ``mpiexec`` itself is the launcher's engine process: it starts with the engines and
+    the launcher kills it with them, so there is nothing here to submit or cancel.
+
+    Parameters
+    ----------
+    hostfile : path-like, optional
+        The Open MPI hostfile the ranks are spread over.
+    """
+
+    kind = "mpiexec"
+
+    def __init__(self, hostfile: str | os.PathLike | None = None, hosts: list[str] | None = None):
+        super().__init__(hosts, label="the mpiexec job")
+        self.hostfile = os.fspath(hostfile) if hostfile else None
+        self._read = hosts is not None
+
+    @property
+    def hosts(self) -> list[str]:
+        # Read when first asked: the launcher checks the hostfile (and names it when it is
+        # missing) before anything starts.
+        if not self._read and self.hostfile and Path(self.hostfile).is_file():
+            self._hosts = hostfile_hosts(self.hostfile) or self._hosts
+            self._read = True
+        return list(self._hosts)
+
+    def poll(self) -> JobStatus:
+        return JobStatus(JobState.RUNNING, hosts=self.hosts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "hostfile": self.hostfile}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MpiAllocation:
+        return cls(hostfile=None, hosts=d.get("hosts"))
 
 
 def allocation_from_dict(d: dict[str, Any]) -> Allocation:

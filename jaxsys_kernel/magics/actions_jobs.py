@@ -56,11 +56,15 @@ def launcher_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def job_line(cluster) -> str | None:
-    """``job 12: running on host0,host1`` for a cluster in a scheduler's job, else None."""
+    """What the cluster's engines run on: ``job 12: running on host0,host1`` in a
+    scheduler's job, ``allocation: this machine, running on h`` otherwise; None without
+    one."""
     job = cluster.job()
     if not job:
         return None
-    return f"job {job['job_id']}: {job['state']}"
+    if job.get("job_id"):
+        return f"job {job['job_id']}: {job['state']}"
+    return f"allocation: {job.get('allocation', 'the hosts')}, {job['state']}"
 
 
 def keep_allocation(session) -> str:

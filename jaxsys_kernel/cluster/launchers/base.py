@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ... import contract
 from ..._ranges import format_procs
 from .. import stacks
+from ..allocation import Allocation
 from ..security import handshake_trace_env
 from ..teardown import killpg_all, launcher_pids, pid_alive, wait_gone
 
@@ -146,6 +147,14 @@ class Launcher:
         self.engine_sets: dict[int, str] = {}
         # Ports held for a process that has yet to bind them (see engine/ports.py).
         self._held_ports: list[socket.socket] = []
+        # The hosts the engines are started on (a scheduler's launcher gets its job later).
+        self.allocation = self.make_allocation()
+
+    def make_allocation(self) -> Allocation | None:
+        """What the engines run on, held before they start: the hosts the cluster names, or
+        this machine. A scheduler's launcher returns None and submits its job at launch."""
+        names = [host_part(h) for h in self.config.host_names or ()]
+        return Allocation(names or None, label="the named hosts" if names else None)
 
     # -- the controller ------------------------------------------------------------------
 
@@ -255,8 +264,18 @@ class Launcher:
         self.release_ports()
 
     def job(self) -> dict[str, Any] | None:
-        """The scheduler job the engines run in (id, state, nodes), or None."""
-        return None
+        """The allocation the engines run on: its ``job_id`` (None outside a scheduler),
+        ``state``, ``nodes`` and how it is named (``allocation``); None before there is one."""
+        alloc = self.allocation
+        if alloc is None:
+            return None
+        status = alloc.poll()
+        return {
+            "job_id": alloc.job_id,
+            "state": status.describe(),
+            "nodes": status.hosts,
+            "allocation": alloc.describe_job(),
+        }
 
     def keep_allocation(self):
         """Keep what the engines run on past the next teardown (a scheduler's job, which

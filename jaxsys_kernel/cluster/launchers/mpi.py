@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ... import contract
+from ..allocation import MpiAllocation
 from ..records import ClusterStartError
 from .base import Launcher
 
@@ -45,6 +46,10 @@ class MpiLauncher(Launcher):
         run = f"exec {shlex.quote(sys.executable)} {shlex.quote(str(program))}"
         redirect = " > p$OMPI_COMM_WORLD_RANK.out 2>&1"
         return {}, ["env", *env, "mpiexec", "-n", str(nprocs), "sh", "-c", run + redirect]
+
+    def make_allocation(self) -> MpiAllocation:
+        """The mpiexec job's hosts: those of ``--hostfile``, else this machine."""
+        return MpiAllocation(self.config.launcher_options.get("hostfile"))
 
     def _mpiexec(self) -> str:
         return (self.config.launcher_options.get("mpi_cmd") or ["mpiexec"])[0]

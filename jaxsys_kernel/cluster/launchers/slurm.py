@@ -56,6 +56,10 @@ class SlurmLauncher(Launcher):
     def option_names(cls) -> tuple[str, set[str]]:
         return f"the {cls.name} launcher", set(OPTIONS)
 
+    def make_allocation(self) -> None:
+        # The job is submitted when the engines launch (_acquire), not before.
+        return None
+
     @classmethod
     def batch_job(cls, program, nprocs, out_dir, options):
         # srun stops every task when one exits non-zero; JAX finds its coordinator (the
@@ -140,7 +144,12 @@ class SlurmLauncher(Launcher):
         if alloc is None:
             return None
         status = alloc.poll()
-        return {"job_id": alloc.job_id, "state": status.describe(), "nodes": status.hosts}
+        return {
+            "job_id": alloc.job_id,
+            "state": status.describe(),
+            "nodes": status.hosts,
+            "allocation": alloc.describe_job(),
+        }
 
     def process_gone(self, p) -> bool:
         # One squeue call every JOB_POLL_S at most, however many processes ask.
