@@ -23,6 +23,7 @@ from typing import Any
 from .._ranges import parse_procs
 from ..cluster.config import ClusterConfig
 from ..cluster.options import merge_layers
+from ..contract import RANK_VARIABLES
 from ..errors import ConfigError
 
 # What the program prints (alone on a line) where a cell begins and where one failed.
@@ -141,6 +142,7 @@ def transfer_guard_options(line: str) -> dict[str, str]:
     from IPython.core.error import UsageError
     from IPython.core.magic_arguments import parse_argstring
 
+    # Deferred: the magics import IPython too.
     from ..magics.actions_guard import SHORT, guard_settings, transfer_guard
 
     words = line.split(None, 2)  # "%jaxsys", "transfer-guard", and its arguments
@@ -379,8 +381,6 @@ if jax.config.jax_enable_recoverability and SIZE > 1:
 def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
     """The program's text: every process runs it under ``setup`` (by default, the declared
     timeouts and nothing else)."""
-    from ..contract import RANK_VARIABLES
-
     setup = setup or JobSetup()
     initialize = {"initialization_timeout": int(setup.init_timeout)}
     if setup.heartbeat is not None:

@@ -8,20 +8,11 @@ run of imports that wait for the same reason).
 from __future__ import annotations
 
 import ast
-import fnmatch
 import re
-from pathlib import Path
 
 from .package_source import ROOT, source_files, text, tree
 
 MARKER = "Deferred"
-
-# Being restructured right now, their deferred imports with them: checked once that lands.
-# fnmatch's * matches across folders: cluster/launchers/* covers any folder below it too.
-BEING_WORKED_ON = (
-    "jaxsys_kernel/cluster/launchers/slurm.py",
-    "jaxsys_kernel/job/*",
-)
 
 _IMPORT_LINE = re.compile(r"\s*(import |from \S+ import )")
 
@@ -57,16 +48,9 @@ def unexplained_imports(source: str, parsed: ast.Module | None = None) -> list[i
     return found
 
 
-def _exempt(path: Path) -> bool:
-    rel = path.relative_to(ROOT).as_posix()
-    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in BEING_WORKED_ON)
-
-
 def test_every_import_in_a_function_says_why_it_waits():
     strays = []
     for path in source_files():
-        if _exempt(path):
-            continue
         for line in unexplained_imports(text(path), tree(path)):
             code = text(path).splitlines()[line - 1].strip()
             strays.append(f"{path.relative_to(ROOT)}:{line} {code}")
@@ -74,12 +58,6 @@ def test_every_import_in_a_function_says_why_it_waits():
         f"imports inside functions without a '# {MARKER}: <reason>' comment (move them to "
         f"module level, or say why they wait): {strays}"
     )
-
-
-def test_every_exemption_names_files_that_exist():
-    files = [p.relative_to(ROOT).as_posix() for p in source_files()]
-    for pattern in BEING_WORKED_ON:
-        assert fnmatch.filter(files, pattern), f"no file matches {pattern}"
 
 
 def test_the_check_finds_a_silent_import_and_accepts_a_reason():

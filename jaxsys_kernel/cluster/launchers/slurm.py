@@ -74,6 +74,8 @@ class SlurmLauncher(Launcher):
         return {"job.sbatch": script}, ["sbatch", "--wait", "--quiet", "job.sbatch"]
 
     def _controller_kwargs(self) -> dict[str, Any]:
+        # Deferred: srun.py imports ipyparallel's launchers, which only a starting Slurm
+        # cluster needs.
         from .srun import SrunEngineSetLauncher
 
         return {
