@@ -277,6 +277,7 @@ def start_watchdog(job_id: str, pid: int) -> subprocess.Popen:
 
 
 def _pid_alive(pid: int) -> bool:
+    # Not teardown.pid_alive: the watchdog process imports only the standard library.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

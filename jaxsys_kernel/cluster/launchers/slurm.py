@@ -140,19 +140,6 @@ class SlurmLauncher(Launcher):
         self._kept = True
         return alloc
 
-    def job(self) -> dict[str, Any] | None:
-        """The job's id, state and nodes, for ``%jaxsys status``."""
-        alloc = self.allocation
-        if alloc is None:
-            return None
-        status = alloc.poll()
-        return {
-            "job_id": alloc.job_id,
-            "state": status.describe(),
-            "nodes": status.hosts,
-            "allocation": alloc.describe_job(),
-        }
-
     def process_gone(self, p) -> bool:
         # One squeue call every JOB_POLL_S at most, however many processes ask.
         alloc = self.allocation
