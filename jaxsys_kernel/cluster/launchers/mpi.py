@@ -19,6 +19,17 @@ IPP_VARIABLES = ("IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
 # Open MPI's list of variables to export to every rank, wherever it runs (MPICH, which
 # exports everything anyway, ignores it).
 OMPI_EXPORTS = "OMPI_MCA_mca_base_env_list"
+# mpiexec is started in a session of its own and would outlive a killed kernel, and with
+# it every rank. This runs first, in its place: SIGKILL when the thread that launched it
+# ends (the kernel's death), then mpiexec itself. The ranks die with mpiexec, their
+# parent (engines arm the same signal, see profile.py). Standard library only: it runs
+# before anything else.
+DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+    "os.getppid() == 1 and os._exit(1); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 class MpiLauncher(Launcher):
@@ -96,6 +107,9 @@ class MpiLauncher(Launcher):
         hostfile = opts.pop("hostfile", None)
         if hostfile:
             opts["mpi_args"] = ["--hostfile", os.fspath(hostfile), *opts.get("mpi_args", [])]
+        if sys.platform.startswith("linux"):
+            mpiexec = list(opts.get("mpi_cmd") or ["mpiexec"])
+            opts["mpi_cmd"] = [sys.executable, "-c", DIE_WITH_PARENT, *mpiexec]
         return opts
 
     def exports(self, env: dict[str, str]) -> dict[str, str]:
