@@ -159,7 +159,15 @@ def _columns(g: ErrorGroup) -> list[tuple[str, int]]:
         key = tuple(g.values[r][i] for r in g.ranks)
         names.setdefault(key, []).append(label)
         first.setdefault(key, i)
-    return [("/".join(labels), first[key]) for key, labels in names.items()]
+    return [(_joined(labels), first[key]) for key, labels in names.items()]
+
+
+def _joined(labels: list[str]) -> str:
+    """One column's name from its values' names: ``cpu`` and ``id`` give ``cpu/id``; a name
+    primed only to tell two places apart (``cpu``, ``cpu'``) is given once."""
+    if len(labels) == 1:
+        return labels[0]
+    return "/".join(dict.fromkeys(label.rstrip("'") for label in labels))
 
 
 def table(g: ErrorGroup) -> list[str]:

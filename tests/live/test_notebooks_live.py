@@ -150,8 +150,9 @@ EXPECTED = {
     "07-transfer-guard.ipynb": [
         # a refusal per process, naming its own device
         "host-to-device transfer of shape (8), dtype float32, from host memory to device cpu:",
-        # identical refusals are shown once, the values that differ listed per process
-        "cpu: 0 on p0, 2048 on p1",
+        # identical refusals are shown once, the values that differ listed per process (a
+        # value the message names twice, once under both names)
+        "cpu/id: 0 on p0, 2048 on p1",
         # a sharded read is gathered through the first device, which JAX names
         "device-to-host transfer of shape (8), dtype float32, from device cpu:",
         "[p0-1] read back under disallow: 28.0 | as NumPy: [0.0, 1.0, 2.0]",

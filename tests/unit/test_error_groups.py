@@ -248,3 +248,16 @@ def test_an_error_knows_the_number_the_notebook_shows_for_its_cell():
     shell.user_ns["make"] = lambda: MultihostError(run_of({}), "x").cell_number
     result = shell.run_cell("n = make()", store_history=True)
     assert shell.user_ns["n"] == result.execution_count
+
+
+def test_one_value_named_twice_by_the_same_word_is_named_once():
+    errors = {
+        r: {
+            "ename": "JaxRuntimeError",
+            "evalue": f"copy from device cpu:{d} to device cpu:{d} refused",
+            "traceback": [],
+        }
+        for r, d in ((0, 0), (1, 2048))
+    }
+    (g,) = group(errors)
+    assert table(g) == ["  cpu: 0 on p0, 2048 on p1"]
