@@ -231,6 +231,8 @@ class ClusterConfig:
             {"action": "append", "metavar": "ARG"},
             "sbatch_args",
         ),
+        Flag("--ssh-arg", "ssh: one more ssh option, e.g. --ssh-arg=-p2222",
+             {"action": "append", "metavar": "ARG"}, "ssh_args"),  # fmt: skip
         Flag(
             "--hostfile",
             "MPI: spread the ranks over the hosts F names",

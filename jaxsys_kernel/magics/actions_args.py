@@ -18,8 +18,9 @@ from IPython.utils.text import DollarFormatter
 
 from .._ranges import parse_procs
 from ..cluster.config import ClusterConfig
-from ..cluster.options import flag_arguments
+from ..cluster.options import flag_arguments, pairs
 from ..cluster.options import seconds as seconds  # the magics' seconds are the options' own
+from ..errors import ConfigError
 
 # Longest magic line accepted. A real line is a few hundred characters (a long ssh host
 # list is under 2 KB); IPython's ``$var`` / ``{expr}`` expansion is quadratic in the
@@ -89,20 +90,18 @@ def count(text: str) -> int:
 
 
 def env_pairs(items: list[str]) -> dict[str, str]:
-    """``["K=V", ...]`` from repeated ``--env`` options as a dict.
+    """``["K=V", ...]`` from repeated ``--env`` options as a dict (the options' own
+    parsing, :func:`~jaxsys_kernel.cluster.options.pairs`).
 
     Raises
     ------
     UsageError
         If an item has no ``=`` or no key.
     """
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
-        env[key] = value
-    return env
+    try:
+        return pairs("--env")(items)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def rank(text: str) -> int:

@@ -274,6 +274,7 @@ def test_the_action_table():
         "--time",
         "--account",
         "--sbatch-arg",
+        "--ssh-arg",
         "--hostfile",
         # Every other option ClusterConfig declares a flag for.
         "--register-timeout",
