@@ -65,3 +65,15 @@ def test_slurms_step_cancelled_line_is_left_out_of_a_jobs_log():
         1: f"{CELL_MARK}1\nValueError: p1 fails\n",
     }
     assert collate_outputs(prog, outputs).log == "--- cell 1 ---\n[p1] ValueError: p1 fails\n"
+
+
+def test_gloo_chatter_broken_over_two_lines_is_left_out_of_a_jobs_log():
+    prog = Program(cells=[Cell(1, "")], hosts=2)
+    tail = "peer ranks. Expected number of connected peer ranks is : 7"
+    outputs = {
+        0: f"{CELL_MARK}1\n1 is connected to \n7 {tail}\nsum: 48.0\n10\n",
+        1: f"{CELL_MARK}1\n[Gloo] Rank 3 is connected to 7 {tail}\nsum: 48.0\n20\n",
+    }
+    assert collate_outputs(prog, outputs).log == (
+        "--- cell 1 ---\n[p0-1] sum: 48.0\n[p0] 10\n[p1] 20\n"
+    )
