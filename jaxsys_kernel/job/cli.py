@@ -59,13 +59,13 @@ def cmd_job(args: argparse.Namespace) -> int:
         return 2
     program = out / "program.py"
     program.write_text(render(prog, nb.name, setup))
+    options = {"sbatch_args": [], **prog.options.get("launcher_options", {})}
+    named = prog.options.get("hosts")
+    if isinstance(named, list | tuple):
+        # Launchers that run a process per named host (ssh) need the names.
+        options["host_names"] = list(named)
     try:
-        files, command = launcher.batch_job(
-            program,
-            prog.hosts,
-            out,
-            {"sbatch_args": [], **prog.options.get("launcher_options", {})},
-        )
+        files, command = launcher.batch_job(program, prog.hosts, out, options)
     except NotImplementedError as e:
         print(f"jaxsys job: {e}", file=sys.stderr)
         return 2

@@ -45,6 +45,18 @@ def run(program: str, n: int, out_dir: Path) -> int:
                     start_new_session=True,
                 )
             )  # fmt: skip
+    return supervise(procs, _kill_groups)
+
+
+def _kill_groups(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def supervise(procs: list[subprocess.Popen], kill) -> int:
+    """Wait for the processes; once one has failed, give the others :data:`GRACE_S`, then
+    ``kill(procs)``. The exit code is the first failing process's, or 0."""
     failed_at = None
     code = 0
     # Every process is polled each round (any() would stop at the first one running, and
@@ -54,9 +66,7 @@ def run(program: str, n: int, out_dir: Path) -> int:
         if bad and failed_at is None:
             failed_at, code = time.monotonic(), bad[0]
         if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
+            kill(procs)
             for p in procs:
                 p.wait()
             break

@@ -38,6 +38,18 @@ class SshLauncher(Launcher):
         # Suits hosts that share this machine's filesystem.
         return {"remote_python": sys.executable}
 
+    @classmethod
+    def batch_job(cls, program, nprocs, out_dir, options):
+        # Process i on host i, each started over ssh; one failure stops them all.
+        hosts = list(options.get("host_names") or ())
+        if len(hosts) != nprocs:
+            raise NotImplementedError(
+                "jaxsys job --launcher ssh runs one process per named host: give them with "
+                "--hosts node1,node2,..."
+            )
+        ssh = [f"--ssh-arg={a}" for a in options.get("ssh_args", [])]
+        return {}, [sys.executable, "-m", "jaxsys_kernel.job.ssh", str(program), ".", *hosts, *ssh]
+
     def coordinator_host(self, p0_address: str) -> str:
         # The name that reached process 0's host is the one to give the others: what that
         # host says of itself may be a loopback alias (Debian's 127.0.1.1).

@@ -1,0 +1,89 @@
+"""`jaxsys job --launcher ssh --submit`: the quickstart as one job of four processes on two
+namespace hosts, each started over ssh and joined with mTLS, its output collated as the local
+job's is; a failing cell stops the processes on every host and names itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .. import netns, sshd
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ssh_hosts(tag, tmp_path_factory):
+    """Two hosts, each a network namespace running its own sshd."""
+    reason = sshd.available()
+    if reason:
+        pytest.skip(f"no ssh servers in network namespaces here: {reason}")
+    with (
+        netns.TestHosts(2, prefix="jj") as hosts,
+        sshd.SSHServers(hosts, tmp_path_factory.mktemp("ssh")) as ssh,
+    ):
+        yield hosts, ssh
+
+
+def _job(ssh, hosts, notebook: str, out: Path, per_host: int, devices: int):
+    # Process i on host i % 2: a host may run several of the job's processes.
+    destinations = ",".join(ssh.destination(i % hosts.n) for i in range(hosts.n * per_host))
+    ssh_args = [f"--ssh-arg={a}" for a in ssh.ssh_args]
+    return subprocess.run(
+        [sys.executable, "-m", "jaxsys_kernel.cli", "job", notebook, "--launcher", "ssh",
+         "--hosts", destinations, "--devices-per-host", str(devices), *ssh_args, "--out", str(out),
+         "--submit"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_the_quickstart_runs_over_ssh(ssh_hosts, tmp_path):
+    hosts, ssh = ssh_hosts
+    # The quickstart's own shape: 4 processes of 2 devices.
+    r = _job(ssh, hosts, "notebooks/00-quickstart.ipynb", tmp_path, per_host=2, devices=2)
+    assert r.returncode == 0, r.stderr + r.stdout
+    log = (tmp_path / "job.log").read_text()
+    for expected in (
+        "--- cell 6 ---\n[p0] I am process 0 of 4\n",
+        "[p0-3] local devices: 2, devices in the world: 8\n",
+        "[p0-3] sum: 48.0 mean: 1.5\n",
+        "--- cell 22 (failed on p1,3, as expected) ---\n",
+        "[p0] 0\n[p1] 10\n[p2] 20\n[p3] 30\n",
+    ):
+        assert expected in log, log
+    for rank in range(4):
+        said = (tmp_path / f"p{rank}.out").read_text()
+        assert f"jax_mtls_cert_file={tmp_path}/pki/process-{rank}.pem" in said, said
+        assert "jax_distributed_verify_secure_credentials=True" in said, said
+    # Nothing of the job is left on the hosts.
+    assert not [p for ns in hosts.namespaces for p in netns.namespace_pids(ns) if _is_job(p)]
+
+
+def _is_job(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"program.py" in f.read()
+    except OSError:
+        return False
+
+
+def test_a_failing_cell_stops_the_processes_on_every_host(ssh_hosts, tmp_path):
+    hosts, ssh = ssh_hosts
+    nb = tmp_path / "fails.ipynb"
+    import nbformat
+
+    cells = [
+        "%jaxsys start --hosts 2 --devices-per-host 4",
+        "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise ValueError('no data')\n"
+        "from jax.experimental import multihost_utils\nmultihost_utils.sync_global_devices('x')",
+    ]
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), nb
+    )
+    r = _job(ssh, hosts, str(nb), tmp_path / "out", per_host=1, devices=4)
+    assert r.returncode != 0
+    assert "cell 1 failed on p1" in r.stderr, r.stderr
+    assert not [p for ns in hosts.namespaces for p in netns.namespace_pids(ns) if _is_job(p)]
