@@ -13,7 +13,7 @@ from jaxsys_kernel.cluster.records import ClusterStartError
 HOSTS = 8
 SILENT = 5
 # Long enough for seven engines to register on two busy cores, short enough for a test.
-DEADLINE = 60.0
+DEADLINE = 30.0
 
 
 def _marked(marker: str) -> list[psutil.Process]:
