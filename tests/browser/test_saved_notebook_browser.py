@@ -10,6 +10,7 @@ size, and the run-together labels of a stripped SVG (``d0p0d1p0``) must not appe
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 
 from jaxsys_kernel import saved
 
+from ..executed import NOTEBOOK_DIR, executed
 from ..harness import wait_no_processes, write_notebook
 from . import OUTPUT, Lab, available, launch, screenshot, wait_for
 
@@ -146,10 +148,41 @@ def _open_untrusted(page, lab: Lab, url_path: str) -> list:
     return page.evaluate(IMAGES, f"{OUTPUT} img")
 
 
+def _saved_quickstart(folder):
+    """The quickstart as the suite executed it (saved as ``jaxsys run --output`` saves), in
+    ``folder``; and the index of its mesh cell, which must carry the mesh's picture."""
+    path = folder / "quickstart.ipynb"
+    shutil.copy(executed(NOTEBOOK_DIR / "00-quickstart.ipynb"), path)
+    nb = nbformat.read(path, as_version=4)
+    assert saved.widget_state_problems(nb) == []
+    mesh = next(i for i, c in enumerate(nb.cells) if c.get("id") == "qs-08")
+    assert any("image/png" in o.get("data", {}) for o in nb.cells[mesh].outputs)
+    return path, mesh
+
+
+def _quickstart_offline(path, tmp_path) -> None:
+    """The saved quickstart's nbconvert page, offline: its mesh picture loads."""
+    html_dir = tmp_path / "qs-html"
+    r = subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", "html", str(path), "--output-dir", str(html_dir)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    with launch(width=1200, height=1400) as page:
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
+            ("file:", "data:")) else route.abort())  # fmt: skip
+        page.goto((html_dir / "quickstart.html").as_uri())
+        page.wait_for_load_state("load")
+        sizes = page.evaluate(IMAGES, ".jp-OutputArea-output img")
+    assert sizes and all(ok for _, _, ok in sizes), sizes
+
+
 def test_saved_notebook_shows_its_pictures_offline_and_untrusted(tag, tmp_path):
     path = _run(tmp_path)
     _check_saved(nbformat.read(path, as_version=4))
     _nbconvert_offline(path, tmp_path)
+    quickstart, mesh = _saved_quickstart(path.parent)
+    _quickstart_offline(quickstart, tmp_path)
     extra = ["--JupyterNotebookApp.expose_app_in_browser=True"]
     with Lab(path.parent, work_dir=tmp_path / "lab", extra_args=extra) as lab:
         with launch(width=1400, height=1400) as page:
@@ -158,6 +191,24 @@ def test_saved_notebook_shows_its_pictures_offline_and_untrusted(tag, tmp_path):
                 screenshot(page, "saved-lab-untrusted.png")
                 _check_images(_open_untrusted(page, lab, "notebooks/views.ipynb"), "Notebook 7")
                 screenshot(page, "saved-notebook7-untrusted.png")
+                # The saved quickstart, untrusted in Lab: its mesh cell shows the picture.
+                # Lab draws only the cells in view: scroll to the mesh cell, then look.
+                page.goto(lab.page_url("lab/tree/quickstart.ipynb"), timeout=120_000)
+                wait_for(page, ".jp-NotebookPanel .jp-Cell", 120)
+                page.evaluate(
+                    "(i) => { const nb = window.jupyterapp.shell.currentWidget.content;"
+                    " nb.activeCellIndex = i; nb.scrollToItem(i); }",
+                    mesh,
+                )
+                # Cells are found through the notebook: Lab keeps only some in the page.
+                page.wait_for_function(
+                    "(i) => { const w = window.jupyterapp.shell.currentWidget.content.widgets[i];"
+                    " const img = w && w.node.querySelector('.jp-OutputArea-output img');"
+                    " return !!img && img.complete && img.naturalWidth > 0; }",
+                    arg=mesh,
+                    timeout=60_000,
+                )
+                screenshot(page, "saved-quickstart-lab-untrusted.png")
             except BaseException:
                 screenshot(page, "saved-untrusted-failure.png")
                 print(lab.log_tail())
