@@ -10,7 +10,6 @@ import json
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing import globalipapp
 
 from jaxsys_kernel import Cluster, cli
 from jaxsys_kernel.cluster import options as opts
@@ -18,9 +17,8 @@ from jaxsys_kernel.cluster.config import STANDBY_VARIABLE, ClusterConfig
 from jaxsys_kernel.errors import ConfigError
 from jaxsys_kernel.job import from_notebook, render
 from jaxsys_kernel.magics import actions, lifecycle
-from jaxsys_kernel.magics.magics import JaxSysMagics
 
-from ..fakes import FakeSession, StartSession
+from ..fakes import StartSession
 
 # Every flag %jaxsys start took before the options were declared once, by option name.
 TODAYS_FLAGS = {
@@ -400,18 +398,6 @@ def test_jaxsys_cluster_start_refuses_bad_options_before_starting_anything(tmp_p
 
 
 # -- %jaxsys start, kill, restart, attach ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shell():
-    return globalipapp.start_ipython() or globalipapp.get_ipython()
-
-
-@pytest.fixture
-def session(shell):
-    fake = FakeSession()
-    shell.register_magics(JaxSysMagics(shell, fake))
-    return fake
 
 
 def test_start_hands_the_session_every_option_it_was_given(shell, session):

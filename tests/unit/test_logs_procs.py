@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing import globalipapp
 
 from jaxsys_kernel.engine import output
 from jaxsys_kernel.magics import actions
-from jaxsys_kernel.magics.magics import JaxSysMagics
 
-from ..fakes import FakeSession
 from .test_magics_dispatch import fake_cluster, jaxsys
 
 
@@ -19,18 +16,6 @@ def logs_session(shell, session):
     session.cluster = fake_cluster(states=("ready", "ready", "ready", "ready"))
     session.require_cluster = lambda: session.cluster
     return session
-
-
-@pytest.fixture(scope="module")
-def shell():
-    return globalipapp.start_ipython() or globalipapp.get_ipython()
-
-
-@pytest.fixture
-def session(shell):
-    fake = FakeSession()
-    shell.register_magics(JaxSysMagics(shell, fake))
-    return fake
 
 
 def test_procs_names_one_process_as_p_does(shell, logs_session, capsys):

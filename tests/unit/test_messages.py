@@ -6,28 +6,13 @@ import argparse
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing import globalipapp
 
 from jaxsys_kernel.magics import actions
 from jaxsys_kernel.magics.actions_args import check_options, did_you_mean
 from jaxsys_kernel.magics.actions_help import plain_text
-from jaxsys_kernel.magics.magics import JaxSysMagics
 
 # Built from MultihostSession's signatures (tests/unit/test_fakes.py checks it): it records
 # the calls the magics make, none when a line is refused.
-from ..fakes import FakeSession
-
-
-@pytest.fixture(scope="module")
-def shell():
-    return globalipapp.start_ipython() or globalipapp.get_ipython()
-
-
-@pytest.fixture
-def session(shell):
-    fake = FakeSession()
-    shell.register_magics(JaxSysMagics(shell, fake))
-    return fake
 
 
 def test_a_mistyped_cell_option_suggests_the_right_one(shell, session):
