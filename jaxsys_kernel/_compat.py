@@ -243,3 +243,26 @@ def jax_dispatch_call(frame) -> dict | None:
         "out_shardings": tuple(loc.get("out_shardings", ())),
         "fingerprint": loc.get("fingerprint"),
     }
+
+
+def jax_option(config, variable: str):
+    """The option JAX declares for the environment variable ``variable`` (``JAX_FOO``
+    names ``jax_foo``), or None when JAX reads that variable some other way."""
+    holders = getattr(config, "_value_holders", None)
+    return holders.get(variable.lower()) if isinstance(holders, dict) else None
+
+
+def set_jax_option_from_env(config, variable: str, value: str) -> None:
+    """Give JAX's option for ``variable`` the value the variable would have given it at
+    import (for a process whose environment changed after ``import jax``)."""
+    holder = jax_option(config, variable)
+    current = holder.value
+    if isinstance(current, bool):
+        parsed = value.strip().lower() in ("y", "yes", "t", "true", "on", "1")
+    elif isinstance(current, int):
+        parsed = int(value)
+    elif isinstance(current, float):
+        parsed = float(value)
+    else:
+        parsed = value
+    config.update(variable.lower(), parsed)

@@ -38,6 +38,30 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
+def is_engine(p: psutil.Process) -> bool:
+    """Whether ``p`` is an engine: started as ``python -m ipyparallel.engine``, or forked by
+    a fork server (a child of the server, which shares its command line)."""
+    cmd = " ".join(p.cmdline())
+    if "ipyparallel.engine" in cmd:
+        return True
+    if "jaxsys_kernel.engine.forkserver" not in cmd:
+        return False
+    parent = p.parent()
+    return parent is not None and "jaxsys_kernel.engine.forkserver" in " ".join(parent.cmdline())
+
+
+def tagged_engines(tag: str) -> list[psutil.Process]:
+    """The live engines among the tagged processes."""
+    found = []
+    for p in tagged_processes(tag):
+        try:
+            if is_engine(p):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
 def wait_no_processes(tag: str, timeout: float = 10.0) -> list[str]:
     """Wait until no tagged process is left; return descriptions of any survivors."""
     deadline = time.monotonic() + timeout

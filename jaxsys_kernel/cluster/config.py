@@ -18,6 +18,7 @@ from . import options as opts
 from .launchers import DEFAULT, launcher_class, launcher_names
 from .launchers.registry import describe, names_where
 from .options import Flag, option
+from .standby import standby_size
 
 # Why jaxsys_kernel refuses JAX's share flag on CPU (measured; docs/compilation-cache.md).
 SHARE_FLAG = "JAX_SHARE_BINARY_BETWEEN_HOSTS"
@@ -255,6 +256,14 @@ class ClusterConfig:
         ),
         doc_type="int",
     )
+    fork_server: bool = option(
+        True,
+        "Local processes are forked from one process that has imported Python, IPython, "
+        "ipyparallel and JAX once (docs/scale.md), instead of each importing them.",
+        Flag("--no-fork-server", "start each local process on its own, importing everything",
+             {"action": "store_false"}),  # fmt: skip
+        doc_type="bool",
+    )
     nprocs: int = field(init=False)
     host_names: list[str] | None = field(init=False)
     kind: type = field(init=False, repr=False, compare=False)
@@ -264,7 +273,7 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         self._given = {f.name: getattr(self, f.name) for f in opts.declared(type(self))}
         self.kind = launcher_class(self.launcher)
-        self._check_standby()
+        self.standby = standby_size(self.standby, STANDBY_VARIABLE)
         self._check_hosts()
         if self.register_timeout is None:
             self.register_timeout = default_register_timeout(self.nprocs)
@@ -285,25 +294,6 @@ class ClusterConfig:
         self._check_placement()
         self._check_launcher_options()
         self.process_prefix = {int(k): list(v) for k, v in (self.process_prefix or {}).items()}
-
-    def _check_standby(self) -> None:
-        if self.standby is None:
-            raw = os.environ.get(STANDBY_VARIABLE, "").strip()
-            if not raw:
-                return
-            try:
-                self.standby = int(raw)
-            except ValueError:
-                raise ConfigError(
-                    f"${STANDBY_VARIABLE}={raw!r} is not a whole number of processes; "
-                    "set it to e.g. 2, 0 for no standby, or unset it for the default"
-                ) from None
-            if self.standby < 0:
-                raise ConfigError(f"${STANDBY_VARIABLE}={raw!r} must be 0 or more processes")
-        elif isinstance(self.standby, bool) or not isinstance(self.standby, int):
-            raise ConfigError(f"standby must be a whole number of processes, got {self.standby!r}")
-        elif self.standby < 0:
-            raise ConfigError(f"standby must be 0 or more processes, got {self.standby}")
 
     def _check_hosts(self) -> None:
         if isinstance(self.hosts, int):

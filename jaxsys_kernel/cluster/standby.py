@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +27,30 @@ from ..engine.registry import engine_module
 from ..errors import ConfigError
 from .launchers.registry import describe, names_where
 from .teardown import pid_alive, sub_launchers
+
+
+def standby_size(value: int | None, variable: str) -> int | None:
+    """The standby size asked for: ``value``, else the environment's ``variable``, else None
+    (the launcher's default); checked to be a whole number of 0 or more."""
+    if value is None:
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"${variable}={raw!r} is not a whole number of processes; "
+                "set it to e.g. 2, 0 for no standby, or unset it for the default"
+            ) from None
+        if value < 0:
+            raise ConfigError(f"${variable}={raw!r} must be 0 or more processes")
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"standby must be a whole number of processes, got {value!r}")
+    elif value < 0:
+        raise ConfigError(f"standby must be 0 or more processes, got {value}")
+    return value
+
 
 log = logging.getLogger("jaxsys.cluster")
 

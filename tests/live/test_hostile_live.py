@@ -16,7 +16,12 @@ import time
 import psutil
 import pytest
 
-from ..harness import kernel_with_cluster, process_states, status_table, tagged_processes
+from ..harness import (
+    kernel_with_cluster,
+    process_states,
+    status_table,
+    tagged_engines,
+)
 from ..intruders import (
     AUDIT_CELL,
     HEALTH_CELL,
@@ -51,14 +56,7 @@ def engine_pids(k) -> list[int]:
 
 
 def engines_left(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in tagged_processes(tag):
-        try:
-            if "ipyparallel.engine" in " ".join(p.cmdline()):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
+    return tagged_engines(tag)
 
 
 def wait_for(condition, timeout: float, what: str):

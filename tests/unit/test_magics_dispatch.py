@@ -282,6 +282,7 @@ def test_the_action_table():
         "--controller-ip",
         "--no-telemetry",
         "--standby",
+        "--no-fork-server",
     }
     assert OWN["kill"] == {"P", "--signal", "--procs"} and OWN["inspect"] == {"NAME", "--detail"}
     assert OWN["logs"] == {"P", "--tail", "--procs"} and OWN["restart"] == {"P", "--procs"}

@@ -310,13 +310,7 @@ class Launcher:
             incarnation=ctx.incarnation,
             **self._engine_fields(rank, ctx),
         )
-        env = {"PYTHONUNBUFFERED": "1", **engine.to_env()}
-        if cfg.recoverable:
-            env["JAX_ENABLE_RECOVERABILITY"] = "1"
-        env["XLA_FLAGS"] = _xla_flags(cfg.devices_per_host)
-        env.update(self._platform_env())
-        if cfg.cache_dir:
-            env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(cfg.cache_dir)
+        env = {"PYTHONUNBUFFERED": "1", **engine.to_env(), **self.import_env()}
         if ctx.pki is not None:
             env.update(ctx.pki.env(rank))
         if ctx.telemetry is not None:
@@ -326,6 +320,18 @@ class Launcher:
         if ctx.pki is not None and rank == 0:
             # Process 0 serves the coordination service; see engine/native_log.py.
             env.update(handshake_trace_env(cfg.user_env(0)))
+        return env
+
+    def import_env(self) -> dict[str, str]:
+        """The settings of every rank that JAX reads (some when it is imported)."""
+        cfg = self.config
+        env = {}
+        if cfg.recoverable:
+            env["JAX_ENABLE_RECOVERABILITY"] = "1"
+        env["XLA_FLAGS"] = _xla_flags(cfg.devices_per_host)
+        env.update(self._platform_env())
+        if cfg.cache_dir:
+            env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(cfg.cache_dir)
         return env
 
     def _engine_fields(self, rank: int, ctx: EngineContext) -> dict[str, Any]:

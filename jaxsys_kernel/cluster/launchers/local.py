@@ -12,6 +12,7 @@ from .. import stacks
 from ..profile import engine_file
 from ..teardown import pid_alive
 from .base import EngineContext, Launcher, native_log_file, stack_file
+from .forks import ForkServer
 
 if TYPE_CHECKING:
     from ..records import ProcessInfo
@@ -36,8 +37,26 @@ class LocalLauncher(Launcher):
         # One process per rank on this machine; one failure stops them all.
         return {}, [sys.executable, "-m", "jaxsys_kernel.job.local", str(program), str(nprocs), "."]
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.forks: ForkServer | None = None
+
     def _controller_kwargs(self) -> dict[str, Any]:
         return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
+
+    def make_ipp_cluster(self, profile, secure):
+        ipp = super().make_ipp_cluster(profile, secure)
+        if self.config.fork_server and len(self.config.process_prefix) < self.config.nprocs:
+            # Started now, so that its imports overlap the controller's start-up.
+            env = {**os.environ, **self.import_env(), **self.config.env}
+            self.forks = ForkServer(profile, env, float(self.config.register_timeout))
+        return ipp
+
+    def release(self) -> None:
+        super().release()
+        forks, self.forks = self.forks, None
+        if forks is not None:
+            forks.stop()
 
     def certificate_hosts(self) -> list[str] | None:
         return self.config.addresses
@@ -89,7 +108,10 @@ class LocalLauncher(Launcher):
         }
         prefix = self.config.process_prefix.get(rank)
         if prefix:
+            # Another namespace or CPU set: a process of its own, not a fork of the server.
             kwargs["engine_cmd"] = [*prefix, sys.executable, "-m", "ipyparallel.engine"]
+        elif self.forks is not None:
+            kwargs["engine_cmd"] = self.forks.engine_cmd()
         await self.ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
         if engine_id is None:
             self.engine_sets[rank] = set_id

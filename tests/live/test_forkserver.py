@@ -1,0 +1,186 @@
+"""The fork server on real engines: local processes are forked from it, each in its own
+session with its own environment and random state, a rank it cannot serve starts as a
+plain engine, a launch survives the server's death, and nothing outlives a stop, the
+death of the stand-in, or the death of the process that started the cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from jaxsys_kernel import Cluster
+from jaxsys_kernel.cluster.teardown import sub_launchers
+
+from ..harness import is_engine, new_tag, tagged_engines, tagged_processes, wait_no_processes
+
+NPROCS = 3
+WAIT_S = 60.0
+
+
+def _me():
+    import os
+
+    import jax
+    import numpy as np
+
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "sid": os.getsid(0),
+        "rank": jax.process_index(),
+        "env_rank": os.environ["JAXSYS_PROCESS_ID"],
+        "draw": float(np.random.rand()),
+        "debug_nans": bool(jax.config.jax_debug_nans),
+        "devices": len(jax.local_devices()),
+    }
+
+
+def _sum_of_ranks():
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.process_allgather(jnp.int32(jax.process_index())).sum())
+
+
+def _wait(condition, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    tag = new_tag()
+    monkeypatch.setenv("JAXSYS_TEST_RUN", tag)
+    c = Cluster(
+        hosts=NPROCS,
+        devices_per_host=2,
+        standby=0,
+        progress=lambda e: None,
+        # A JAX option for one rank only (set in its child after the fork), and a JAX_*
+        # variable that is no option of JAX's (that rank cannot be a fork).
+        process_env={1: {"JAX_DEBUG_NANS": "true"}, 2: {"JAX_JAXSYS_NOT_AN_OPTION": "1"}},
+    )
+    c.start_sync()
+    c.test_tag = tag
+    try:
+        yield c
+    finally:
+        c.kill()
+    assert not wait_no_processes(tag, timeout=15)
+
+
+def test_engines_are_forked_from_one_server_with_their_own_settings(cluster):
+    server = cluster.world.launcher.forks
+    assert server is not None and _alive(server.pid)
+    me = {m["rank"]: m for m in cluster.world.view.apply_sync(_me)}
+    assert sorted(me) == list(range(NPROCS))
+    for rank, m in me.items():
+        assert m["env_rank"] == str(rank)
+        assert m["devices"] == 2
+        # Its own session and group: teardown kills groups, not the server's.
+        assert m["sid"] == m["pid"]
+    assert me[0]["ppid"] == server.pid and me[1]["ppid"] == server.pid
+    assert me[2]["ppid"] != server.pid, "a rank with a JAX_* variable JAX has no option for"
+    assert [me[r]["debug_nans"] for r in range(NPROCS)] == [False, True, False]
+    # NumPy's global generator is reseeded in every child.
+    assert me[0]["draw"] != me[1]["draw"]
+    assert cluster.world.view.apply_sync(_sum_of_ranks) == [sum(range(NPROCS))] * NPROCS
+    es = cluster.world.launcher.engine_set(2)
+    text = "".join(sub.get_output() or "" for sub in sub_launchers(es))
+    assert "started without the fork server" in text and "JAX_JAXSYS_NOT_AN_OPTION" in text
+
+
+def test_a_world_restart_forks_from_the_same_server(cluster):
+    server = cluster.world.launcher.forks.pid
+    before = {m["rank"]: m["pid"] for m in cluster.world.view.apply_sync(_me)}
+    cluster.restart_sync()
+    after = {m["rank"]: m for m in cluster.world.view.apply_sync(_me)}
+    assert all(after[r]["pid"] != before[r] for r in before)
+    assert after[0]["ppid"] == server and cluster.world.launcher.forks.pid == server
+    assert cluster.world.view.apply_sync(_sum_of_ranks) == [sum(range(NPROCS))] * NPROCS
+    assert not [pid for pid in before.values() if _alive(pid)]
+
+
+def test_killing_the_stand_in_ends_its_engine(cluster):
+    me = {m["rank"]: m for m in cluster.world.view.apply_sync(_me)}
+    shims = [
+        p for p in tagged_processes(cluster.test_tag) if "engine/forked.py" in " ".join(p.cmdline())
+    ]
+    assert len(shims) == 2, [" ".join(p.cmdline()) for p in shims]
+    for shim in shims:
+        shim.send_signal(signal.SIGKILL)
+    _wait(
+        lambda: not _alive(me[0]["pid"]) and not _alive(me[1]["pid"]),
+        "the engines of killed stand-ins to end",
+        15,
+    )
+    assert _alive(me[2]["pid"]), "the plain engine has no stand-in"
+
+
+def test_a_launch_survives_the_servers_death(cluster):
+    server = cluster.world.launcher.forks
+    os.kill(server.pid, signal.SIGKILL)
+    # The forked engines die with their server (their parent-death signal).
+    _wait(
+        lambda: len(tagged_engines(cluster.test_tag)) <= 1,
+        "the forked engines to follow their server",
+        15,
+    )
+    cluster.restart_sync()
+    me = {m["rank"]: m for m in cluster.world.view.apply_sync(_me)}
+    assert all(m["ppid"] != server.pid for m in me.values())
+    assert cluster.world.view.apply_sync(_sum_of_ranks) == [sum(range(NPROCS))] * NPROCS
+
+
+OWNER = textwrap.dedent(
+    """
+    from jaxsys_kernel import Cluster
+    c = Cluster(hosts=2, devices_per_host=1, standby=1, progress=lambda e: None)
+    c.start_sync()
+    print("ready", c.world.launcher.forks.pid, flush=True)
+    import time
+    time.sleep(600)
+    """
+)
+
+
+def test_nothing_outlives_the_process_that_started_the_cluster():
+    tag = new_tag()
+    env = {**os.environ, "JAXSYS_TEST_RUN": tag}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = owner.stdout.readline()
+        assert line.split()[0] == "ready", line
+        server = int(line.split()[1])
+        _wait(
+            lambda: len(tagged_engines(tag)) >= 2,
+            "two engines of the owner's cluster",
+        )
+        forked = [p for p in tagged_engines(tag) if p.ppid() == server]
+        assert forked and all(is_engine(p) for p in forked)
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+    assert not wait_no_processes(tag, timeout=15)
