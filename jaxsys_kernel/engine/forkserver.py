@@ -123,6 +123,9 @@ def refusal(request: dict, imported: dict[str, str]) -> str | None:
         return "JAX settings read at import differ: " + ", ".join(unknown)
     if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
         return "PYTHONPATH differs"
+    if env.get(contract.PARENT_PID) != os.environ.get(contract.PARENT_PID):
+        # Its parent-death check is for another process than this server's parent.
+        return f"${contract.PARENT_PID} names another parent"
     return None
 
 

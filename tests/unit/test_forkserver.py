@@ -3,6 +3,7 @@ that differ reach a child, and the package whose ``__init__`` waits until it is 
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from pathlib import Path
@@ -17,7 +18,9 @@ IMPORTED = {"JAX_PLATFORMS": "cpu"}
 
 
 def _request(**env):
-    return {"argv": ["--IPEngine.id=0"], "env": {**IMPORTED, **env}, "cwd": "/"}
+    parent = {"JAXSYS_PARENT_PID": os.environ.get("JAXSYS_PARENT_PID", "")}
+    parent = {k: v for k, v in parent.items() if v}
+    return {"argv": ["--IPEngine.id=0"], "env": {**IMPORTED, **parent, **env}, "cwd": "/"}
 
 
 def test_a_request_like_the_servers_is_served():
@@ -40,6 +43,12 @@ def test_a_setting_the_request_drops_is_refused():
     req = {"argv": [], "env": {"PATH": "/bin"}}
     why = forkserver.refusal(req, IMPORTED)
     assert why and "JAX_PLATFORMS" in why and "unset" in why
+
+
+def test_a_request_for_another_parent_is_refused(monkeypatch):
+    monkeypatch.setenv("JAXSYS_PARENT_PID", "100")
+    assert "another parent" in forkserver.refusal(_request(JAXSYS_PARENT_PID="1"), IMPORTED)
+    assert forkserver.refusal(_request(JAXSYS_PARENT_PID="100"), IMPORTED) is None
 
 
 def test_a_malformed_request_is_refused():
