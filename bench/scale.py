@@ -7,7 +7,10 @@ of devices takes no part in start-up or dispatch), a fresh local cluster is star
 
 1. **ready**: seconds from ``Cluster.start`` until every process has initialised JAX, with
    the registration deadline left to grow with N (the default);
-2. **memory**: each idle process's resident memory (psutil), mean and total;
+2. **memory**: each idle process's resident memory (psutil), mean and total; its
+   proportional set size (shared pages split between the processes sharing them: forked
+   processes share what the fork server imported); and what the machine's available
+   memory dropped by from before the start until ready, per process;
 3. **cell**: the round trip of a trivial cell (``x = 1``) through jaxsys's executor, median
    of a few after one warm-up;
 4. **restart**: seconds for a world restart (every process replaced and re-initialised).
@@ -82,10 +85,15 @@ def measure(n: int, reps: int) -> dict:
     """Start, measure and stop one cluster of ``n`` processes."""
     cluster = Cluster(hosts=n, devices_per_host=1, progress=progress(n))
     try:
+        available = psutil.virtual_memory().available
         t0 = time.perf_counter()
         cluster.start_sync()
         ready = time.perf_counter() - t0
         rss = [r["rss"] for r in cluster.status() if r["rss"] is not None]
+        pss = proportional_sizes([p.pid for p in cluster.processes if p.pid])
+        # What the machine lost: the processes, the controller and the fork server, with
+        # pages shared between forked processes counted once.
+        used = available - psutil.virtual_memory().available
         executor.raise_for_run(executor.execute(cluster, TRIVIAL_CELL, sink=Quiet()))
         cells = []
         for _ in range(reps):
@@ -101,10 +109,24 @@ def measure(n: int, reps: int) -> dict:
             "cell": statistics.median(cells),
             "rss_mean": statistics.mean(rss) if rss else float("nan"),
             "rss_total": sum(rss),
+            "pss_mean": statistics.mean(pss) if pss else float("nan"),
+            "used_per_process": used / n,
             "deadline": cluster.register_timeout,
         }
     finally:
         cluster.stop_sync()
+
+
+def proportional_sizes(pids: list[int]) -> list[int]:
+    """Each process's proportional set size: its own pages, and its share of pages it
+    shares (forked processes share what their fork server imported)."""
+    sizes = []
+    for pid in pids:
+        try:
+            sizes.append(psutil.Process(pid).memory_full_info().pss)
+        except (psutil.Error, AttributeError):
+            pass
+    return sizes
 
 
 def slope(points: list[tuple[int, float]]) -> float:
@@ -135,13 +157,15 @@ def dispatch_ratio(n: int, reps: int) -> float | None:
 def print_table(results: list[dict]) -> None:
     header = (
         f"{'n':>4} {'ready s':>8} {'restart s':>9} {'cell ms':>8} "
-        f"{'MB/process':>10} {'GB total':>8} {'deadline s':>10}"
+        f"{'RSS MB':>7} {'PSS MB':>7} {'used MB':>8} {'GB RSS':>7} {'deadline s':>10}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
         print(
             f"{r['n']:>4} {r['ready']:>8.1f} {r['restart']:>9.1f} {r['cell'] * 1e3:>8.1f} "
-            f"{r['rss_mean'] / 1e6:>10.0f} {r['rss_total'] / 1e9:>8.1f} {r['deadline']:>10.0f}"
+            f"{r['rss_mean'] / 1e6:>7.0f} {r['pss_mean'] / 1e6:>7.0f} "
+            f"{r['used_per_process'] / 1e6:>8.0f} {r['rss_total'] / 1e9:>7.1f} "
+            f"{r['deadline']:>10.0f}"
         )
     for key, unit, scale in (("ready", "s", 1), ("restart", "s", 1), ("cell", "ms", 1e3)):
         per = slope([(r["n"], r[key] * scale) for r in results])
@@ -173,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             continue
         r = measure(n, args.reps)
-        per_process = r["rss_mean"] if r["rss_mean"] == r["rss_mean"] else per_process
+        # What a process really cost the machine; resident sizes count shared pages in full.
+        per_process = max(r["used_per_process"], 50e6)
         results.append(r)
         print(
             f"  n={n}: ready {r['ready']:.1f} s, restart {r['restart']:.1f} s, "

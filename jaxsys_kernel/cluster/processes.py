@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from ..telemetry.memory import local_rss
 from .launchers import stack_file
 from .records import ClusterError
@@ -97,8 +99,9 @@ class ProcessControl:
                 time.sleep(0.01)
             if pid_alive(p.pid):
                 raise ClusterError(
-                    f"process {rank} (pid {p.pid}) is still alive {timeout:g} s after "
-                    f"{signal.Signals(sig).name}; JAX processes ignore SIGTERM: use SIGKILL"
+                    f"process {rank} (pid {p.pid}, {_described(p.pid)}) is still alive "
+                    f"{timeout:g} s after {signal.Signals(sig).name}; JAX processes ignore "
+                    "SIGTERM: use SIGKILL"
                 )
         p.mark_dead(f"killed with {signal.Signals(sig).name}")
         return time.perf_counter() - t0
@@ -149,3 +152,12 @@ class ProcessControl:
     def stack_file(self, rank: int) -> Path:
         """Where process ``rank`` (of the current incarnation) writes stack dumps."""
         return stack_file(self.world.profile, rank, self.world.incarnation)
+
+
+def _described(pid: int) -> str:
+    """A process's state and parent, for an error about it."""
+    try:
+        proc = psutil.Process(pid)
+        return f"{proc.status()}, parent {proc.ppid()}"
+    except psutil.Error as e:
+        return type(e).__name__

@@ -303,10 +303,17 @@ class Standby:
         }
 
     def pids(self, world) -> list[int]:
-        """The pids of the standby engines on this machine (their launchers' processes)."""
+        """The pids of the standby engines on this machine: as the ready ones report them
+        (a forked engine is not its launcher's process), else their launchers' processes."""
+        self.registered(world)
         ipp = world.ipp
         pids = []
         for spare in self.spares.values():
+            answer = self._booted.get(spare.engine_id)
+            if answer is not None and answer.done() and answer.exception() is None:
+                if answer.result() and pid_alive(answer.result()):
+                    pids.append(answer.result())
+                    continue
             es = ipp.engines.get(spare.set_id) if ipp is not None else None
             for sub in sub_launchers(es) if es is not None else ():
                 pid = getattr(sub, "pid", None)

@@ -89,11 +89,12 @@ def describe_process() -> dict:
     }
 
 
-def wait_booted(timeout: float) -> bool:
-    """Whether this engine's start-up imports (``import jax`` among them, which runs on
-    after the engine has registered) have finished, waiting at most ``timeout`` seconds."""
+def wait_booted(timeout: float) -> int:
+    """This process's pid once its start-up imports (``import jax`` among them, which runs
+    on after the engine has registered) have finished, waiting at most ``timeout`` seconds;
+    0 when they have not."""
     early = _boot.early
-    return early is not None and early.done.wait(timeout)
+    return os.getpid() if early is not None and early.done.wait(timeout) else 0
 
 
 def take_over(settings: dict[str, str]) -> dict:

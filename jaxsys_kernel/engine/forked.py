@@ -122,7 +122,9 @@ def end_like(code):
     sys.stdout.flush()
     sys.stderr.flush()
     if code is not None and code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            # Ours relays it; the default ends this process as it ended the engine.
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(1 if code is None else code)
 

@@ -41,6 +41,9 @@ export class GroupTable {
       `${summary.group_size}: ${stateCounts(summary.by_state)}`;
     const shown = summary.groups.find(g => g.group === open);
     this._back.hidden = !shown;
+    // Lab's .jp-Button sets display: inline-flex, which beats the hidden attribute: without
+    // this the button stays on the page as an empty box while no group is open.
+    this._back.style.display = shown ? '' : 'none';
     this._back.textContent = shown ? `← all groups (showing p${shown.ranks})` : '';
     // One button per group, reused across pushes so a click is never lost to a redraw.
     while (this._buttons.length > summary.groups.length) {

@@ -241,6 +241,11 @@ export class JaxsysSidebar extends Widget {
       this._grid.textContent = '-';
       return;
     }
+    if (c.summary && c.processes.length === 0) {
+      // Above the group size only the open group's rows (and devices) are sent.
+      this._grid.textContent = 'Open a group above to see its devices.';
+      return;
+    }
     for (const p of c.processes) {
       for (const d of p.devices) {
         const cell = el('span', `jaxsys-device jaxsys-state-${p.state}`, String(d));
