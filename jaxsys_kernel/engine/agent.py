@@ -14,22 +14,18 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 
 import zmq
 
 from .. import contract
 from ..telemetry import schema
+from .state import STATE
 
 ENV_ADDRESS = contract.TELEMETRY
 ENV_SERVER_KEY = contract.TELEMETRY_KEY
 ENV_INCARNATION = contract.INCARNATION
 ENV_INTERVAL = contract.HEARTBEAT_INTERVAL
 
-_agent: Agent | None = None
-# Events published before the agent exists (process 0 can refuse a handshake while JAX is
-# still starting); sent as soon as it starts. Bounded, like the agent's own queue.
-_pending: deque[tuple[str, dict]] = deque(maxlen=1000)
 # The early-init thread starts the agent while the main thread may be connecting it.
 _agent_lock = threading.Lock()
 
@@ -199,9 +195,9 @@ def publish(kind: str, **payload) -> None:
         Its fields (JSON-ready).
     """
     with _agent_lock:
-        agent = _agent
+        agent = STATE.agent
         if agent is None:
-            _pending.append((kind, payload))
+            STATE.agent_pending.append((kind, payload))
             return
     agent.send(kind, **payload)
 
@@ -223,23 +219,22 @@ def connect_from_env(rank: int) -> Agent | None:
     Agent or None
         The agent, or None without ``$JAXSYS_TELEMETRY``.
     """
-    global _agent
     with _agent_lock:
-        if _agent is None:
+        if STATE.agent is None:
             address = os.environ.get(ENV_ADDRESS)
             if not address:
                 return None
-            _agent = Agent(
+            STATE.agent = Agent(
                 address,
                 rank,
                 incarnation=int(os.environ.get(ENV_INCARNATION, "0")),
                 server_key=os.environ.get(ENV_SERVER_KEY) or None,
                 interval=float(os.environ.get(ENV_INTERVAL, "1.0")),
             )
-        while _pending:
-            kind, payload = _pending.popleft()
-            _agent.send(kind, **payload)
-        return _agent
+        while STATE.agent_pending:
+            kind, payload = STATE.agent_pending.popleft()
+            STATE.agent.send(kind, **payload)
+        return STATE.agent
 
 
 def start_from_env(rank: int) -> Agent | None:

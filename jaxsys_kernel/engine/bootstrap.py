@@ -13,6 +13,7 @@ import time
 
 from .. import _compat, contract
 from . import ports
+from .state import STATE
 
 # Launchers put the rank in different variables (see contract.RANK_VARIABLES).
 RANK_VARIABLES = contract.RANK_VARIABLES
@@ -59,12 +60,12 @@ def describe_process() -> dict:
         env = contract.EngineEnv.from_env()
         relay = env.relay_stacks
         stack_file = env.stack_file or (_own_stack_file() if relay else None)
-        if stack_file and _boot.stack_fh is None:
-            _boot.stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
+        if stack_file and STATE.boot.stack_fh is None:
+            STATE.boot.stack_fh = open(stack_file, "a")  # noqa: SIM115 - kept open for faulthandler
             if relay:
                 _start_stack_relay(stack_file)
         faulthandler.register(
-            signal.SIGUSR1, file=_boot.stack_fh or sys.__stderr__, all_threads=True
+            signal.SIGUSR1, file=STATE.boot.stack_fh or sys.__stderr__, all_threads=True
         )
     # ipykernel sends buffered output every 0.2 s; processes flushing out of phase would
     # then print the same line up to 0.2 s apart, too far apart for the kernel to merge.
@@ -93,7 +94,7 @@ def wait_booted(timeout: float) -> int:
     """This process's pid once its start-up imports (``import jax`` among them, which runs
     on after the engine has registered) have finished, waiting at most ``timeout`` seconds;
     0 when they have not."""
-    early = _boot.early
+    early = STATE.boot.early
     return os.getpid() if early is not None and early.done.wait(timeout) else 0
 
 
@@ -200,12 +201,12 @@ def free_port(bind: str = "") -> int:
         A port number.
     """
     _release_port()
-    _boot.held_port = ports.hold_port(bind)
-    return _boot.held_port.getsockname()[1]
+    STATE.boot.held_port = ports.hold_port(bind)
+    return STATE.boot.held_port.getsockname()[1]
 
 
 def _release_port() -> None:
-    held, _boot.held_port = _boot.held_port, None
+    held, STATE.boot.held_port = STATE.boot.held_port, None
     if held is not None:
         held.close()
 
@@ -220,20 +221,6 @@ class _EarlyInit:
         self.error: BaseException | None = None
 
 
-class _Boot:
-    """What this process's start-up keeps, in one place: the JAX start-up begun at boot,
-    the stack file faulthandler writes to, and the port held for the coordinator."""
-
-    def __init__(self):
-        self.early: _EarlyInit | None = None
-        self.stack_fh = None
-        # The port free_port() found, kept bound until the coordination service binds it.
-        self.held_port: socket.socket | None = None
-
-
-_boot = _Boot()
-
-
 def start_early_init() -> None:
     """Begin ``import jax`` and, if the launcher gave the world's shape, initialisation.
 
@@ -242,9 +229,9 @@ def start_early_init() -> None:
     (:class:`jaxsys_kernel.contract.EngineEnv`) carries the rank, the number of processes,
     the coordinator and the timeouts; without a coordinator only the import happens.
     """
-    if _boot.early is not None:
+    if STATE.boot.early is not None:
         return
-    early = _boot.early = _EarlyInit()
+    early = STATE.boot.early = _EarlyInit()
     try:
         env = contract.EngineEnv.from_env()
     except ValueError as e:
@@ -317,7 +304,7 @@ def initialize(
     rank = process_rank()
     if rank != process_id:
         raise RuntimeError(f"asked to join as process {process_id} but this engine has rank {rank}")
-    early = _boot.early
+    early = STATE.boot.early
     if early is not None and early.coordinator == coordinator_address:
         if not early.done.wait(timeout):
             raise TimeoutError(f"process {rank} did not join within {timeout:g} s")

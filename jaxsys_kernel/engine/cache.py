@@ -32,6 +32,7 @@ import jaxlib
 
 from ..telemetry import schema
 from . import cache_dir
+from .state import STATE
 
 # The loggers whose records carry the cache's decisions.
 _LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
@@ -50,7 +51,6 @@ NOT_SERVED_CPU = (
     "topology and only process 0 writes entries, so this process compiles every program"
 )
 
-_watch: CacheWatch | None = None
 _watch_lock = threading.Lock()
 
 
@@ -320,16 +320,15 @@ class CacheWatch:
 
 def install(agent) -> CacheWatch:
     """Start accounting in this process, reporting through ``agent`` (once per process)."""
-    global _watch
     with _watch_lock:
-        if _watch is None:
-            _watch = CacheWatch(agent.rank, agent.send).install()
-        return _watch
+        if STATE.cache_watch is None:
+            STATE.cache_watch = CacheWatch(agent.rank, agent.send).install()
+        return STATE.cache_watch
 
 
 def current() -> CacheWatch | None:
     """This process's watch, once installed."""
-    return _watch
+    return STATE.cache_watch
 
 
 # -- functions the kernel ships to the engines --------------------------------------------------
@@ -338,7 +337,7 @@ def current() -> CacheWatch | None:
 def describe(limit: int = 50) -> dict:
     """This process's cache set-up, outcome counts, newest miss explanations and how often
     the accounting itself failed (``errors``, ``last_error``)."""
-    watch = _watch
+    watch = STATE.cache_watch
     if watch is None:
         return {"config": None, "outcomes": {}, "misses": [], "errors": 0, "last_error": ""}
     return {
@@ -375,5 +374,5 @@ def set_thresholds(
         jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
     if min_entry_bytes is not None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", int(min_entry_bytes))
-    watch = _watch
+    watch = STATE.cache_watch
     return watch.report_config() if watch is not None else {"pid": os.getpid()}

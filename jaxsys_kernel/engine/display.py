@@ -17,6 +17,7 @@ from IPython.display import display
 
 from .. import contract
 from . import summaries
+from .state import STATE
 
 MIME = contract.SUMMARY_MIME
 
@@ -36,23 +37,21 @@ _TYPES = {
 # Exported computations also get a one-line text form: their dataclass repr spells out the
 # serialized module byte by byte.
 _TEXT_TYPES = [k for k, v in _TYPES.items() if v == "export"]
-_last_export: tuple[Any, dict] | None = None
 
 
 def _export_summary(x: Any) -> dict:
     # One display asks for the summary and the text form in turn: build the facts once.
-    global _last_export
-    if _last_export is not None and _last_export[0]() is x:
-        return _last_export[1]
+    if STATE.last_export is not None and STATE.last_export[0]() is x:
+        return STATE.last_export[1]
     # Deferred: export_info imports JAX, and the boot path loads this module before JAX is
     # imported; most displays are not exports.
     from .export_info import export_info
 
     info = export_info(x)
     try:
-        _last_export = (weakref.ref(x), info)
+        STATE.last_export = (weakref.ref(x), info)
     except TypeError:
-        _last_export = None
+        STATE.last_export = None
     return info
 
 

@@ -33,6 +33,7 @@ from IPython.display import publish_display_data
 
 from .. import _compat
 from . import hooks
+from .state import STATE
 
 MIME = hooks.RECORD_MIME
 # Seconds between two looks at where the main thread is.
@@ -240,21 +241,17 @@ def _publisher():
     return publish
 
 
-_recorder: Recorder | None = None
-
-
 def _before(_options: dict) -> Recorder | None:
-    global _recorder
     reason = supported()
     if reason is not None:
         print(f"jaxsys: {reason}", file=sys.stderr)
         return None
-    if _recorder is None:
-        _recorder = Recorder(_publisher())
-        logging.getLogger(_compat.JAX_DISPATCH_LOGGER).addFilter(_recorder.filter)
-    _recorder.publish = _publisher()
-    _recorder.start()
-    return _recorder
+    if STATE.recorder is None:
+        STATE.recorder = Recorder(_publisher())
+        logging.getLogger(_compat.JAX_DISPATCH_LOGGER).addFilter(STATE.recorder.filter)
+    STATE.recorder.publish = _publisher()
+    STATE.recorder.start()
+    return STATE.recorder
 
 
 def _after(recorder: Recorder | None, _exc: BaseException | None = None) -> None:

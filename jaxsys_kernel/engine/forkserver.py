@@ -382,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     lazy_package("ipyparallel")
     for name in PRELOAD:
         __import__(name)
+    # Deferred: named after the preloads, which import it.
+    from .state import STATE
+
+    if not STATE.fresh():
+        # A child would inherit what an import kept; engines start on their own instead.
+        print("jaxsys fork server: the engine state is not empty after imports", file=sys.stderr)
+        return 1
     # Objects imported so far stay out of the collector's way: copied pages stay shared.
     gc.collect()
     gc.freeze()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from IPython import get_ipython
@@ -27,6 +26,7 @@ from IPython import get_ipython
 from ..errors import EngineError
 from ..telemetry import schema
 from . import agent, hooks
+from .state import STATE
 
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 # Short direction names, JAX's names for them in its messages, and its config options.
@@ -70,14 +70,9 @@ class ThreadGuardError(EngineError):
     """A multi-process JAX operation from a thread other than the one that set the guard."""
 
 
-_counts: Counter = Counter()
 _counts_lock = threading.Lock()
-_levels: dict[str, str] = {}
-_on_count: Callable[[dict], None] | None = None
-# Seconds between two telemetry events with the counts, and the counts last sent.
+# Seconds between two telemetry events with the counts.
 PUBLISH_GAP = 0.5
-_last_publish = 0.0
-_published: dict[str, int] = {}
 
 
 def count_line(line: bytes) -> None:
@@ -86,12 +81,12 @@ def count_line(line: bytes) -> None:
     if m is None:
         return
     with _counts_lock:
-        _counts[m.group(1).decode()] += 1
-        snapshot = dict(_counts)
+        STATE.guards.counts[m.group(1).decode()] += 1
+        snapshot = dict(STATE.guards.counts)
     publish_counts()
-    if _on_count is not None:
+    if STATE.guards.on_count is not None:
         try:
-            _on_count(snapshot)
+            STATE.guards.on_count(snapshot)
         except Exception:  # noqa: BLE001 - counting must never stop native output
             pass
 
@@ -102,27 +97,28 @@ def publish_counts(force: bool = False) -> bool:
     At most one event per :data:`PUBLISH_GAP` seconds unless ``force``: a loop of logged
     transfers must not flood the link. The end of each cell sends the last counts.
     """
-    global _last_publish
     now = time.monotonic()
     snapshot = counts()
-    if snapshot == _published or (not force and now - _last_publish < PUBLISH_GAP):
+    if snapshot == STATE.guards.published or (
+        not force and now - STATE.guards.last_publish < PUBLISH_GAP
+    ):
         return False
     try:
         agent.publish(schema.TRANSFERS, counts=snapshot)
     except Exception:  # noqa: BLE001 - telemetry is best effort; the counts stay here
         return False
-    _published.clear()
-    _published.update(snapshot)
-    _last_publish = now
+    STATE.guards.published.clear()
+    STATE.guards.published.update(snapshot)
+    STATE.guards.last_publish = now
     return True
 
 
 def counts(reset: bool = False) -> dict[str, int]:
     """Transfers logged so far on this process, by kind (every kind present, 0 if none)."""
     with _counts_lock:
-        out = {k: _counts.get(k, 0) for k in KINDS}
+        out = {k: STATE.guards.counts.get(k, 0) for k in KINDS}
         if reset:
-            _counts.clear()
+            STATE.guards.counts.clear()
     return out
 
 
@@ -141,7 +137,7 @@ def set_transfer_guard(levels: dict[str, str]) -> dict[str, str]:
         if short not in DIRECTIONS or level not in LEVELS:
             raise ValueError(f"unknown transfer guard setting {short}={level}")
         jax.config.update(DIRECTIONS[short][1], level)
-        _levels[short] = level
+        STATE.guards.levels[short] = level
     install()
     return transfer_guard_levels()
 
@@ -192,7 +188,7 @@ def describe_transfer(message: str, rank: int | None = None) -> str | None:
     else:
         where = f"from host memory to {_place(detail)}"
     direction = next(s for s, (k, _) in DIRECTIONS.items() if k == kind)
-    level = _levels.get(direction, "disallow")
+    level = STATE.guards.levels.get(direction, "disallow")
     proc = f" on process {rank}" if rank is not None else ""
     return (
         f"{kind} transfer of shape {shape}, dtype {dtype}, {where} disallowed{proc} "
@@ -248,10 +244,6 @@ def describe_thread_error(
 
 # -- the cell's error ------------------------------------------------------------------------
 
-_installed = False
-_replacement: BaseException | None = None
-_thread_errors: list[tuple[str, BaseException]] = []
-
 
 def _rank() -> int | None:
     try:
@@ -277,14 +269,13 @@ def clarify(exc: BaseException, thread: str | None = None) -> BaseException | No
 
 
 def _custom_tb(shell, etype, value, tb, tb_offset=None):
-    global _replacement
     clear = clarify(value)
     if clear is None:
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         return []
     # JAX's own message is quoted in the new one; its chained traceback would repeat it.
     clear.__suppress_context__ = True
-    _replacement = clear
+    STATE.guards.replacement = clear
     shell.showtraceback((type(clear), clear, tb), tb_offset=tb_offset)
     return []
 
@@ -292,7 +283,7 @@ def _custom_tb(shell, etype, value, tb, tb_offset=None):
 def _thread_excepthook(args) -> None:
     clear = clarify(args.exc_value, thread=_describe(args.thread)) if args.exc_value else None
     if clear is not None:
-        _thread_errors.append((getattr(args.thread, "name", "?"), clear))
+        STATE.guards.thread_errors.append((getattr(args.thread, "name", "?"), clear))
         return
     _previous_excepthook(args)
 
@@ -307,29 +298,26 @@ _previous_excepthook = threading.excepthook
 
 
 def _pre_run_cell(*_args) -> None:
-    global _replacement
-    _replacement = None
-    _thread_errors.clear()
+    STATE.guards.replacement = None
+    STATE.guards.thread_errors.clear()
 
 
 def _post_run_cell(result) -> None:
-    global _replacement
-    if _replacement is not None and result.error_in_exec is not None:
-        result.error_in_exec = _replacement
-    elif _thread_errors and result.error_in_exec is None:
+    if STATE.guards.replacement is not None and result.error_in_exec is not None:
+        result.error_in_exec = STATE.guards.replacement
+    elif STATE.guards.thread_errors and result.error_in_exec is None:
         # The cell itself succeeded, but a thread it started broke the guard: the cell fails.
-        clear = _thread_errors[0][1]
+        clear = STATE.guards.thread_errors[0][1]
         result.error_in_exec = clear
         get_ipython().showtraceback((type(clear), clear, None))
-    _replacement = None
-    _thread_errors.clear()
+    STATE.guards.replacement = None
+    STATE.guards.thread_errors.clear()
     publish_counts(force=True)
 
 
 def install() -> bool:
     """Make guard errors readable in this engine's cells; calling it again does nothing."""
-    global _installed
-    if _installed:
+    if STATE.guards.thread_hooks:
         return True
     shell = get_ipython()
     if shell is None:
@@ -341,7 +329,7 @@ def install() -> bool:
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_run_cell", _post_run_cell)
     threading.excepthook = _thread_excepthook
-    _installed = True
+    STATE.guards.thread_hooks = True
     return True
 
 
@@ -377,8 +365,7 @@ def arm_thread_guard() -> bool:
 
 def on_count(callback: Callable[[dict], None] | None) -> None:
     """Call ``callback(counts)`` after each counted transfer line (the telemetry agent)."""
-    global _on_count
-    _on_count = callback
+    STATE.guards.on_count = callback
 
 
 __all__ = [

@@ -30,6 +30,7 @@ from typing import Any
 from IPython import get_ipython
 
 from ..errors import EngineError
+from .state import STATE
 
 MARKER = "#jaxsys-cell-hooks "
 # The mime type of what hooks send to the kernel while their cell runs (``display_data``
@@ -69,11 +70,6 @@ BUILTIN = {
     "divergence": "jaxsys_kernel.engine.divergence",
     "profile": "jaxsys_kernel.engine.profiling",
 }
-# (hook, state) for every hook whose ``before`` ran in the current cell.
-_active: list[tuple[Hook, Any]] = []
-# Hooks asked for by a separate request (:func:`arm_next`), for the next cell only.
-_pending: dict[str, dict] = {}
-_installed = False
 
 
 def register(hook: Hook) -> Hook:
@@ -122,7 +118,7 @@ def arm_next(hooks: dict[str, dict]) -> bool:
     """Run ``hooks`` around the next cell too (for callers that cannot wrap its code)."""
     if not install():
         return False
-    _pending.update(hooks)
+    STATE.hooks.pending.update(hooks)
     return True
 
 
@@ -150,15 +146,15 @@ def begin(hooks: dict[str, dict]) -> list[str]:
         except Exception as e:  # noqa: BLE001 - a failing hook must never stop the cell
             _warn("before", name, e)
             continue
-        _active.append((hook, state))
+        STATE.hooks.active.append((hook, state))
         ran.append(name)
     return ran
 
 
 def end(exc: BaseException | None = None) -> None:
     """Run ``after`` (or ``error`` when ``exc``) of every hook that began, last first."""
-    while _active:
-        hook, state = _active.pop()
+    while STATE.hooks.active:
+        hook, state = STATE.hooks.active.pop()
         try:
             if exc is not None and hook.error is not None:
                 hook.error(state, exc)
@@ -175,9 +171,9 @@ def _pre_run_cell(info) -> None:
     except EngineError as e:
         print(f"jaxsys: {e}", file=sys.stderr)
         hooks = {}
-    if _pending:
-        hooks = {**_pending, **hooks}
-        _pending.clear()
+    if STATE.hooks.pending:
+        hooks = {**STATE.hooks.pending, **hooks}
+        STATE.hooks.pending.clear()
     if hooks:
         begin(hooks)
 
@@ -201,8 +197,7 @@ def install() -> bool:
     bool
         False outside an IPython shell.
     """
-    global _installed
-    if _installed:
+    if STATE.hooks.installed:
         return True
     shell = get_ipython()
     if shell is None:
@@ -212,13 +207,13 @@ def install() -> bool:
     shell.input_transformers_cleanup.insert(0, _strip_marker)
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_run_cell", _post_run_cell)
-    _installed = True
+    STATE.hooks.installed = True
     return True
 
 
 def installed() -> bool:
     """Whether :func:`install` ran in this process."""
-    return _installed
+    return STATE.hooks.installed
 
 
 __all__ = [

@@ -42,6 +42,7 @@ from .chatter import GlooFilter, is_stderr_chatter
 from .fdpipe import FdReader, LineAssembler
 from .guards import count_line
 from .native_log import NativeLogWatch, watch_from_env
+from .state import STATE
 
 # Publishes ``text`` of stream ``name`` to the cell whose request header is ``header``.
 Publisher = Callable[[str, str, dict], None]
@@ -222,10 +223,6 @@ def publish_to_cell(name: str, text: str, header: dict) -> None:
             pub.reset_thread_parent(token)
 
 
-_output: NativeOutput | None = None
-_log_path: str | None = None
-
-
 def default_log_path(environ=None) -> str:
     """Where this process keeps its native log when ``$JAXSYS_NATIVE_LOG`` is not set.
 
@@ -256,9 +253,8 @@ def install_from_env() -> NativeOutput | None:
     NativeOutput or None
         None outside an IPython shell.
     """
-    global _output, _log_path
-    if _output is not None:
-        return _output
+    if STATE.output is not None:
+        return STATE.output
     shell = get_ipython()
     if shell is None:
         return None
@@ -273,10 +269,10 @@ def install_from_env() -> NativeOutput | None:
         # A descriptor that cannot be taken over (closed): leave it, never stop the engine.
         log.close()
         return None
-    _log_path = path
+    STATE.native_log_path = path
     shell.events.register("pre_execute", lambda: output.cell_started(_cell_header(shell)))
     shell.events.register("post_execute", output.cell_finished)
-    _output = output
+    STATE.output = output
     return output
 
 
@@ -287,7 +283,7 @@ def _cell_header(shell) -> dict:
 
 def log_path() -> str | None:
     """The path of this process's native log, or None if it keeps none."""
-    return _log_path
+    return STATE.native_log_path
 
 
 def log_tail(lines: int | None = None) -> str:
@@ -306,13 +302,15 @@ def log_tail(lines: int | None = None) -> str:
     str
         The lines, each ending in a newline; empty when there is no log.
     """
-    if _log_path is None:
+    if STATE.native_log_path is None:
         return ""
-    text = tail_file(_log_path, lines)
+    text = tail_file(STATE.native_log_path, lines)
     have = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     if lines is None or have < lines:
         # The rest from the log before it, when the log was moved aside.
-        text = tail_file(_log_path + ".1", None if lines is None else lines - have) + text
+        text = (
+            tail_file(STATE.native_log_path + ".1", None if lines is None else lines - have) + text
+        )
     return text
 
 

@@ -24,12 +24,11 @@ import time
 import jax
 
 from . import hooks
+from .state import STATE
 
 # Largest piece of a trace sent in one reply.
 CHUNK = 8 << 20
 MARK = hooks.PROFILE_MARK
-_last: dict | None = None
-_running: dict | None = None
 
 
 def clock() -> float:
@@ -39,47 +38,45 @@ def clock() -> float:
 
 def start(options: dict) -> dict:
     """Start ``jax.profiler`` for this process (the hook's ``before``)."""
-    global _running
-    if _running is not None:
+    if STATE.profile_running is not None:
         raise RuntimeError("a profile is already running on this process; stop it first")
     base = tempfile.mkdtemp(prefix=f"jaxsys-trace-p{jax.process_index()}-")
     jax.profiler.start_trace(base, create_perfetto_trace=True)
     wall = time.time()
     with jax.profiler.TraceAnnotation(MARK):
         pass
-    _running = {"dir": base, "mark_wall": wall, "label": options.get("label", "")}
-    return _running
+    STATE.profile_running = {"dir": base, "mark_wall": wall, "label": options.get("label", "")}
+    return STATE.profile_running
 
 
 def stop(state: dict | None = None, _exc: BaseException | None = None) -> dict | None:
     """Stop the profiler and remember where the trace is (the hook's ``after``)."""
-    global _running, _last
-    if _running is None:
+    if STATE.profile_running is None:
         return None
-    state, _running = _running, None
+    state, STATE.profile_running = STATE.profile_running, None
     jax.profiler.stop_trace()
     found = glob.glob(os.path.join(state["dir"], "**", "perfetto_trace.json.gz"), recursive=True)
     if not found:
         print(f"jaxsys: jax.profiler wrote no Perfetto trace in {state['dir']}", file=sys.stderr)
         return None
-    if _last is not None:
-        shutil.rmtree(_last["dir"], ignore_errors=True)
-    _last = {**state, "path": found[0], "size": os.path.getsize(found[0])}
-    return _last
+    if STATE.profile_last is not None:
+        shutil.rmtree(STATE.profile_last["dir"], ignore_errors=True)
+    STATE.profile_last = {**state, "path": found[0], "size": os.path.getsize(found[0])}
+    return STATE.profile_last
 
 
 def trace_info() -> dict | None:
     """The last trace of this process: path, size, the start mark's wall time, process."""
-    if _last is None:
+    if STATE.profile_last is None:
         return None
-    return {**_last, "rank": jax.process_index(), "chunk": CHUNK}
+    return {**STATE.profile_last, "rank": jax.process_index(), "chunk": CHUNK}
 
 
 def read_trace(offset: int, size: int = CHUNK) -> bytes:
     """``size`` bytes (at most :data:`CHUNK`) of the last trace from ``offset``."""
-    if _last is None:
+    if STATE.profile_last is None:
         raise FileNotFoundError("this process has no trace; profile a cell first")
-    with open(_last["path"], "rb") as f:
+    with open(STATE.profile_last["path"], "rb") as f:
         f.seek(offset)
         return f.read(min(size, CHUNK))
 

@@ -14,12 +14,9 @@ import socket
 
 from .. import contract
 from . import ports
+from .state import STATE
 
 OPTION = "jax_cross_host_transfer_socket_address"
-# The port configure() picked, kept bound for the life of the process: otherwise another
-# socket could be given it before JAX binds it. JAX's listener sets SO_REUSEPORT too, so it
-# binds the same port regardless.
-_held: socket.socket | None = None
 
 
 def transfer_host(coordinator_address: str) -> str:
@@ -44,8 +41,7 @@ def configure(jax, coordinator_address: str, environ=None) -> str | None:
     if environ.get(contract.TRANSFER_PORTS) != "1":
         return None
     host = transfer_host(coordinator_address)
-    global _held
-    _held = ports.hold_port(host)
-    address = f"{host}:{_held.getsockname()[1]}"
+    STATE.transfer_port = ports.hold_port(host)
+    address = f"{host}:{STATE.transfer_port.getsockname()[1]}"
     jax.config.update(OPTION, address)
     return address

@@ -171,9 +171,9 @@ def test_engines_capture_fds_as_outside_tests(live):
     def capture_state():
         import sys
 
-        from jaxsys_kernel.engine import output
+        from jaxsys_kernel.engine.state import STATE
 
-        return bool(getattr(sys.stdout, "_should_watch", False)), output._output.reader.alive
+        return bool(getattr(sys.stdout, "_should_watch", False)), STATE.output.reader.alive
 
     for rank in live.ranks:
         assert live.client[live.engine_ids([rank])[0]].apply_sync(capture_state) == (True, True)

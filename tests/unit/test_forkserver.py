@@ -18,8 +18,9 @@ IMPORTED = {"JAX_PLATFORMS": "cpu"}
 
 
 def _request(**env):
-    parent = {"JAXSYS_PARENT_PID": os.environ.get("JAXSYS_PARENT_PID", "")}
-    parent = {k: v for k, v in parent.items() if v}
+    # What the server compares with its own environment, as the server has it.
+    same = ("JAXSYS_PARENT_PID", "PYTHONPATH")
+    parent = {k: os.environ[k] for k in same if os.environ.get(k)}
     return {"argv": ["--IPEngine.id=0"], "env": {**IMPORTED, **parent, **env}, "cwd": "/"}
 
 

@@ -16,6 +16,7 @@ from jaxsys_kernel.engine import output
 from jaxsys_kernel.engine.chatter import GlooFilter, is_stderr_chatter
 from jaxsys_kernel.engine.fdpipe import FdReader, LineAssembler
 from jaxsys_kernel.engine.native_log import NativeLogWatch
+from jaxsys_kernel.engine.state import STATE
 
 from .test_native_log import _record
 
@@ -353,7 +354,7 @@ def test_the_log_is_bounded_and_its_tail_spans_the_move(tmp_path, monkeypatch):
     older = (tmp_path / "native.log.1").read_bytes()
     current = (tmp_path / "native.log").read_bytes()
     assert len(older) <= 108 and len(current) <= 108
-    monkeypatch.setattr(output, "_log_path", str(tmp_path / "native.log"))
+    monkeypatch.setattr(STATE, "native_log_path", str(tmp_path / "native.log"))
     assert output.log_tail(3) == "line 27\nline 28\nline 29\n"
     wanted = current.count(b"\n") + 2
     assert output.log_tail(wanted).splitlines()[0] == f"line {29 - wanted + 1:02d}"
