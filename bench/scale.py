@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from jaxsys_kernel import Cluster  # noqa: E402
 from jaxsys_kernel import cells as executor  # noqa: E402
+from jaxsys_kernel.cluster.records import ClusterStartError  # noqa: E402
 
 # Measured without a standby: its engines would boot alongside what is measured
 # (bench/faults.py measures the standby).
@@ -196,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             continue
-        r = measure(n, args.reps)
+        try:
+            r = measure(n, args.reps)
+        except ClusterStartError as e:
+            # The sizes above this one would fail the same way; what was measured stands.
+            print(f"  n={n}: did not start: {str(e).splitlines()[0]}", flush=True)
+            break
         # What a process really cost the machine; resident sizes count shared pages in full.
         per_process = max(r["used_per_process"], 50e6)
         results.append(r)
