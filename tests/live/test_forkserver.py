@@ -134,7 +134,8 @@ def test_killing_the_stand_in_ends_its_engine(cluster):
         "the engines of killed stand-ins to end",
         15,
     )
-    assert _alive(me[2]["pid"]), "the plain engine has no stand-in"
+    # The plain engine (rank 2) is not asserted on: with process 0 gone, JAX's coordination
+    # service ends it too, sooner or later.
 
 
 def test_a_launch_survives_the_servers_death(cluster):
