@@ -48,6 +48,7 @@ import traceback
 import types
 
 from .. import _compat, contract
+from .state import STATE
 
 # What every engine imports before its first cell (its sys.modules, less the server's).
 PRELOAD = (
@@ -382,9 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     lazy_package("ipyparallel")
     for name in PRELOAD:
         __import__(name)
-    # Deferred: named after the preloads, which import it.
-    from .state import STATE
-
     if not STATE.fresh():
         # A child would inherit what an import kept; engines start on their own instead.
         print("jaxsys fork server: the engine state is not empty after imports", file=sys.stderr)

@@ -3,17 +3,15 @@
 The engine-side modules are functions over :data:`STATE`: start-up, the telemetry agent,
 the native output, the guards, the cell hooks, the divergence recorder, the last export, the
 profiler and the held ports each keep their part under a name of their own here, not in
-module globals. What a process holds can so be read in one place, reset in one place (for
-tests), and checked to be empty in a process forked by the fork server
-(:meth:`EngineState.fresh`): the server imports every engine module and runs none of them,
-so its children start from nothing.
+module globals. What a process holds can so be read in one place, and checked to be empty
+in a process forked by the fork server (:meth:`EngineState.fresh`): the server imports
+every engine module and runs none of them, so its children start from nothing.
 
 Locks stay beside the code they order; they hold no state of the process.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from collections import Counter, deque
 from collections.abc import Callable
@@ -89,11 +87,6 @@ class EngineState:
     def fresh(self) -> bool:
         """Whether nothing has been kept yet (a process that has not started its engine)."""
         return self == EngineState()
-
-    def reset(self) -> None:
-        """Forget everything (for tests; a process keeps its state for its lifetime)."""
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(EngineState(), f.name))
 
 
 #: This process's state.

@@ -43,6 +43,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jaxsys_kernel.cluster.teardown import pid_alive
+
 from ..browser import (
     OUTPUT,
     Lab,
@@ -329,7 +331,7 @@ def test_sidebar_summarizes_256_processes_and_opens_a_group(tag, tmp_path):
             wait_for(page, f"{OUTPUT}:has-text('simulated agents stopped')", 60)
             wait_idle(page, 60)
             assert_no_errors(page)
-            left = [p for p in workers if _running(p)]
+            left = [p for p in workers if pid_alive(p)]
             assert left == [], f"simulated agents still running: {left}"
             page.wait_for_function(
                 "() => document.querySelector('#jaxsys-sidebar .jaxsys-summary')?.textContent"
@@ -355,10 +357,3 @@ def test_sidebar_summarizes_256_processes_and_opens_a_group(tag, tmp_path):
     assert lab.killed == [], f"outlived the server's shutdown: {lab.killed}"
     assert wait_no_processes(tag, timeout=15) == []
     print(f"sidebar groups test: {time.monotonic() - t0:.1f} s")
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

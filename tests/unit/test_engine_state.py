@@ -14,8 +14,6 @@ def test_a_new_state_is_fresh_and_a_used_one_is_not():
     s.guards.counts["h2d"] += 1
     s.agent_pending.append(("event", {}))
     assert not s.fresh()
-    s.reset()
-    assert s.fresh()
     assert s.agent_pending.maxlen == state.PENDING_EVENTS
 
 
