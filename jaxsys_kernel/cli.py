@@ -30,6 +30,7 @@ from .cluster.teardown import pid_alive
 from .errors import ConfigError
 from .job.cli import add_parser as add_job_parser
 from .job.cli import cmd_job
+from .lab import lab_command, lab_environment, run_lab
 
 # The same directory a kernel keeps a Slurm job in for %jaxsys attach (cluster/allocation.py).
 STATE_DIR = state_dir()
@@ -75,12 +76,12 @@ def cmd_lab(args: argparse.Namespace, extra: list[str]) -> int:
     root = Path(args.notebook_dir) if args.notebook_dir else None
     if root is None:
         root = Path("notebooks") if Path("notebooks").is_dir() else Path.cwd()
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root.resolve()}", *extra]
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
-        # Containers and CI machines often run as root, which JupyterLab refuses by default.
-        cmd.append("--allow-root")
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    cmd, notes = lab_command(root, extra, is_root=is_root)
+    for note in notes:
+        print(f"jaxsys: {note}", file=sys.stderr)
     print("jaxsys: " + " ".join(cmd), file=sys.stderr)
-    return subprocess.call(cmd)
+    return run_lab(cmd, lab_environment())
 
 
 # -- run NOTEBOOK --------------------------------------------------------------------------------

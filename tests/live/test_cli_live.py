@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
 from ..harness import write_notebook
@@ -146,7 +150,50 @@ def test_lab_serves_the_kernel_and_the_notebooks(tag, tmp_path):
         assert status == 200 and json.loads(body)["name"] == "00-quickstart.ipynb"
         status, body = get("/lab")
         assert status == 200 and b"JupyterLab" in body
+        # ipyparallel's own cluster panel is off in this Lab (clusters come from jaxsys).
+        page = body.decode()
+        start = page.index('id="jupyter-config-data"')
+        config = json.loads(page[page.index(">", start) + 1 : page.index("</script>", start)])
+        assert "ipyparallel-labextension" in config["disabledExtensions"], config
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "jaxsys lab runs JupyterLab as its child"
+        # SIGTERM to jaxsys lab alone (not its group): the server goes with it.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        gone, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, f"still running after jaxsys lab: {[p.cmdline() for p in alive]}"
+        log = proc.stderr.read().decode()
+        if os.geteuid() == 0:
+            assert "--allow-root is passed" in log
+        assert "ipyparallel" not in log.split("ipyparallel's own cluster panel is off")[-1], log
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=20)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=20)
 
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user (setpriv)")
+def test_an_installed_kernelspec_is_listed_for_every_user():
+    # A shared install: another user's Jupyter must find and read the spec. The check runs
+    # as `nobody` with the shell, as this machine's interpreter lives in root's 0700 home.
+    if not Path("/usr/bin/setpriv").exists():
+        pytest.skip("setpriv (util-linux) is missing")
+    prefix = Path(tempfile.mkdtemp(prefix="jaxsys-shared-prefix-"))
+    try:
+        prefix.chmod(0o755)
+        r = jaxsys("install-kernel", "--prefix", str(prefix))
+        assert r.returncode == 0, r.stderr
+        kernels = prefix / "share/jupyter/kernels"
+        as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        listing = subprocess.run(
+            [*as_nobody, "sh", "-c", f"ls {kernels} && cat {kernels}/jaxsys/kernel.json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.splitlines()[0] == "jaxsys"
+        assert json.loads(listing.stdout.split("\n", 1)[1])["language"] == "python"
+    finally:
+        shutil.rmtree(prefix)
