@@ -62,6 +62,16 @@ def install_kernel_spec(
         )
         # The launcher tile's and kernel picker's pictures, the same as share/'s.
         write_logos(td)
-        return KernelSpecManager().install_kernel_spec(
+        where = KernelSpecManager().install_kernel_spec(
             td, kernel_name=KERNEL_NAME, user=user, prefix=None if user else prefix, replace=True
         )
+    _readable_by_all(Path(where))
+    return where
+
+
+def _readable_by_all(folder: Path) -> None:
+    # The spec is copied from a private temporary folder (0700), whose mode the copy keeps:
+    # on a shared install no other user's Jupyter would list the kernel.
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
