@@ -256,3 +256,19 @@ def test_notebook_runs(path, tag):
     )
     problems = clean_run_problems(nb, EXPLAINED.get(path.name, []))
     assert not problems, f"{path.name} is not a clean run:\n" + "\n".join(problems)
+
+
+def test_notebooks_hold_the_language_info_of_a_real_kernel_info_reply():
+    # What JupyterLab compares on open: a notebook whose language_info differs from the
+    # running kernel's reply is marked modified, and autosave rewrites the tracked file.
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="jaxsys")
+    try:
+        reply = client.kernel_info(reply=True, timeout=60)["content"]["language_info"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    for path in NOTEBOOKS:
+        stored = nbformat.read(path, as_version=4).metadata.get("language_info")
+        assert stored == reply, f"{path.name}: {stored} is not the kernel's {reply}"

@@ -271,3 +271,17 @@ def test_clean_run_check_flags_unexplained_warnings_and_untagged_errors():
     assert "ZeroDivisionError" in clean_run_problems(failing, [])[0]
     failing.cells[0].metadata["tags"] = ["raises-exception"]
     assert clean_run_problems(failing, []) == []
+
+
+
+def test_notebooks_hold_the_language_info_the_kernel_reports():
+    # JupyterLab copies the kernel's language_info into an open notebook and marks it
+    # modified when that changes anything, so autosave would rewrite the tracked files.
+    # The kernel class's own attribute is what its kernel_info reply sends (the live
+    # test asks a running kernel).
+    from jaxsys_kernel.kernel.kernel import JaxSysKernel
+
+    reported = JaxSysKernel.language_info
+    for path in NOTEBOOKS:
+        stored = nbformat.read(path, as_version=4).metadata.get("language_info")
+        assert stored == reported, f"{path.name}: {stored} is not the kernel's {reported}"
