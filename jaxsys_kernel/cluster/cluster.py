@@ -255,7 +255,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         """Replace one dead (or live) process and let it rejoin the running JAX world.
 
         Needs a recoverable cluster (the default) and the local launcher. Process 0 hosts
-        JAX's coordination service, and on CPU it cannot rejoin: restart the world instead.
+        JAX's coordination service, which ends with it, so it cannot rejoin: restart the world.
         After a rejoin, collectives must use a device set that was never used before
         (on CPU, gloo keeps communicators of the old incarnation for the old sets).
 
@@ -332,7 +332,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         self._check_rank(rank)
         if rank == 0:
             raise ClusterError(
-                "process 0 hosts JAX's coordination service and cannot rejoin it on CPU: "
+                "process 0 hosts JAX's coordination service, which every other process is "
+                "connected to and which ends with it on any platform, so it cannot rejoin: "
                 "restart the whole world (%jaxsys restart)"
             )
         if not self.recoverable:

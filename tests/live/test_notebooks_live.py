@@ -24,6 +24,8 @@ EXPECTED = {
         # a mesh over half the devices: processes 0 and 1 hold nothing
         "[p0-1] my shards: []",
         "[p0-1] result's shards here: [] | fully addressable: False",
+        # addressable_shards is no attribute of a traced array
+        "[p0-3] addressable_shards under jit: ConcretizationTypeError - The 'addressable_shards'",
         "[p0-3] equals the original: True",
     ],
     "00-quickstart.ipynb": [
@@ -142,6 +144,9 @@ EXPECTED = {
         "3*a*c is 3*d",
         "two scopes: ValueError: Invalid mixing of symbolic scopes",
         "b == 1: False | b != 1: True",
+        # an `== 1` guard leaves the export; a `!= 1` guard makes the export raise
+        "== 1 guard | jit: ValueError: size 1 is not allowed | exported, called with b = 1: (1, 2)",
+        "!= 1 guard | export: ValueError: size 1 only",
         "k as a symbol: UnexpectedDimVar",
         "called with 5: ValueError: Input shapes do not match the polymorphic shapes specification.",
         # refinement logged: symbolic tensors before the pass, none after

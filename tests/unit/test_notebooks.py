@@ -273,7 +273,6 @@ def test_clean_run_check_flags_unexplained_warnings_and_untagged_errors():
     assert clean_run_problems(failing, []) == []
 
 
-
 def test_notebooks_hold_the_language_info_the_kernel_reports():
     # JupyterLab copies the kernel's language_info into an open notebook and marks it
     # modified when that changes anything, so autosave would rewrite the tracked files.
