@@ -39,6 +39,36 @@ if os.environ.get("{early_init}"):
         pass
 """
 
+# The controller is the last of a cluster's processes to go when its owner dies (it gets
+# SIGTERM from the kernel's death, see above). The profile holds the cluster's keys, and a
+# kernel killed with SIGKILL (or a Lab whose Slurm job ended) never removes it, and no later
+# start may ever run on that node to reap it: so the controller removes it on its way out,
+# once the owner is gone. A normal stop removes it from the kernel as before.
+_REAP_SNIPPET = """\
+def _jaxsys_owner_gone(owner):
+    # Reparented (the owner launched us), gone, or a zombie nobody has reaped yet.
+    if os.getppid() != owner:
+        return True
+    try:
+        with open(f"/proc/{{owner}}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _jaxsys_reap_profile(profile={profile!r}, owner={owner}):
+    import shutil, time
+    for _ in range(30):  # the owner may be dying at this moment (a job's end signals all)
+        if _jaxsys_owner_gone(owner):
+            shutil.rmtree(profile, ignore_errors=True)
+            return
+        time.sleep(0.1)
+
+
+import atexit
+atexit.register(_jaxsys_reap_profile)
+"""
+
 _NAMES = {
     "no_pdeathsig": contract.NO_PDEATHSIG,
     "parent_pid": contract.PARENT_PID,
@@ -78,6 +108,7 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
     (profile / "ipcontroller_config.py").write_text(
         _HEADER
         + _PDEATHSIG_SNIPPET.format(signal="SIGTERM", **_NAMES)
+        + _REAP_SNIPPET.format(profile=str(profile), owner=os.getpid())
         + "c = get_config()  # noqa\n"
     )
     return profile

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
+
+from jaxsys_kernel import contract
 
 from ..harness import Kernel, new_tag, tagged_processes, wait_no_processes
 
@@ -70,12 +74,22 @@ def test_kernel_restart_leaves_nothing_of_the_old_cluster(fresh_tag):
     k.shutdown()
 
 
+def _profiles_of(pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"{contract.PROFILE_PREFIX}{pid}-*"))
+
+
 def test_sigkill_of_the_kernel_leaves_nothing(fresh_tag):
     k = _started_kernel(fresh_tag)
+    # The cluster's keys live in its profile: it must not stay behind on the node either.
+    assert _profiles_of(k.pid)
     os.kill(k.pid, signal.SIGKILL)
     k.kc.stop_channels()
     assert not wait_no_processes(fresh_tag, timeout=10)
     k.km.cleanup_resources()
+    deadline = time.monotonic() + 10
+    while _profiles_of(k.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _profiles_of(k.pid)
 
 
 def test_stop_magic_leaves_nothing(fresh_tag):
