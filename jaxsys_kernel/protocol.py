@@ -23,6 +23,7 @@ __all__ = [
     "DELTA_FIELDS",
     "FRONT_END_MESSAGES",
     "GROUP_FIELDS",
+    "INTERFACES",
     "KERNEL_MESSAGES",
     "RANK_ACTIONS",
     "SCHEMA_VERSION",
@@ -51,7 +52,10 @@ SUMMARY_FIELDS = ("by_state", "group_size", "groups", "errors")
 #: One group of consecutive ranks in a summary.
 GROUP_FIELDS = ("group", "ranks", "hosts", "states", "worst", "busy", "oldest_heartbeat")
 
-#: Every action a front end may send, in the order the TypeScript union lists them.
+#: Every action a front end may send, in the order the TypeScript union lists them: the
+#: commands the registry (:mod:`jaxsys_kernel.magics.commands`) offers on the comm, then
+#: their old names (a unit test compares the three). ``restart`` with a rank replaces one
+#: process, without one the whole world.
 ACTIONS = (
     "start",
     "stop-cluster",
@@ -60,10 +64,61 @@ ACTIONS = (
     "stacks",
     "kill",
     "restart",
-    "restart-world",
+    "restart-world",  # the old name of "restart" without a rank, still accepted
 )
-#: Actions that name one process.
-RANK_ACTIONS = ("kill", "restart")
+#: Actions that cannot run without a process (``restart`` and ``stacks`` may name one).
+RANK_ACTIONS = ("kill",)
+
+#: The fields of every interface of ``protocol.ts``, in its order: what the kernel sends
+#: and what a front end sends (a unit test compares each, and what the comm builds).
+INTERFACES = {
+    "IProcess": (
+        "rank",
+        "host",
+        "pid",
+        "devices",
+        "state",
+        "heartbeat_age",
+        "busy",
+        "error",
+        "incarnation",
+        "restarts",
+    ),
+    "ICache": (
+        "requests",
+        "hits",
+        "hit_rate",
+        "compiles",
+        "compile_time",
+        "time_saved",
+        "entries",
+        "bytes",
+    ),
+    "IGroup": GROUP_FIELDS,
+    "ISummary": SUMMARY_FIELDS,
+    "IRowDelta": DELTA_FIELDS,
+    "ICluster": (
+        "state",
+        "nprocs",
+        "alive",
+        "devices",
+        "live_devices",
+        "warning",
+        "processes",
+        "summary",
+        "group",
+        "cache",
+        "security",
+        "heartbeat_timeout",
+    ),
+    "IHealth": ("state", "reason", "warning"),
+    "IState": ("kernel", "cell_running", "time", "health", "cluster", "error"),
+    "IStateMessage": ("type", "v", "state", "version"),
+    "IDeltaMessage": ("type", "v", "state", "rows", "summary"),
+    "IGroupRequest": ("type", "group"),
+    "IReply": ("type", "id", "action", "ok", "message", "log"),
+    "ICommand": ("type", "action", "rank", "id"),
+}
 
 
 class ProcessState(enum.StrEnum):

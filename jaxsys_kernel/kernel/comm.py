@@ -9,9 +9,10 @@ sends commands back. The schema, version :data:`SCHEMA_VERSION`, is JSON both wa
 front end -> kernel
     ``{"type": "command", "action": ACTION, "rank": int | null, "id": str}``: one of
     :data:`ACTIONS`. The dashboard's control buttons send the same ``{"action", "rank"}``
-    pair (as widget custom messages), and both are carried out by
-    :meth:`MultihostSession.control <jaxsys_kernel.magics.session.MultihostSession.control>`
-    where their actions overlap. ``{"type": "refresh"}`` asks for the state, and
+    pair (as widget custom messages), and both are carried out by the one command registry
+    (:mod:`jaxsys_kernel.magics.commands`); the reply's ``ok`` is its result's. ``restart``
+    with a rank replaces that process, without one the whole world (``restart-world`` is its
+    old name). ``{"type": "refresh"}`` asks for the state, and
     ``{"type": "group", "group": int | null}`` opens one group of a large cluster's summary.
 kernel -> front end
     ``{"type": "state", "v": 1, "state": STATE}`` (see :func:`cluster_state`) and
@@ -26,17 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 from typing import Any
 
-from IPython.core.error import UsageError
-
 from .. import _compat, protocol
 from .._version import __version__
 from ..errors import ProtocolError
-from ..magics.controls import ALIASES, CONTROLS, RANK_CONTROLS
+from ..magics import commands
 from ..magics.dashboard_wiring import launch_counts, process_liveness
 from ..magics.health import health
 from ..telemetry import aggregate
@@ -44,20 +42,18 @@ from ..telemetry import aggregate
 TARGET = "jaxsys"
 SCHEMA_VERSION = protocol.SCHEMA_VERSION
 
-#: Actions shared with the dashboard's controls (carried out by ``session.control``).
-CONTROL_ACTIONS = CONTROLS
-#: Every action the comm accepts: start and stop the cluster, the shared ones, and the old
-#: names still accepted ("stop" for "interrupt").
-ACTIONS = ("start", "stop-cluster", *CONTROL_ACTIONS, *ALIASES)
-#: Actions that name one process.
-RANK_ACTIONS = RANK_CONTROLS
+#: Every action the comm accepts: the registry's commands offered on the comm
+#: (:mod:`jaxsys_kernel.magics.commands`), and the old names still accepted.
+ACTIONS = (*commands.offered("comm"), *commands.ALIASES)
+#: Actions that cannot run without a process.
+RANK_ACTIONS = commands.needing_process()
 
 #: Most state pushes a second from telemetry (cells and commands push at once).
 MAX_RATE = 4.0
 #: Comms kept open at once: a reloaded page opens a new one and never closes the old.
 MAX_COMMS = 8
 #: Seconds ``stop-cluster`` waits for an interrupted cell to end before stopping anyway.
-STOP_WAIT = 30.0
+STOP_WAIT = commands.STOP_WAIT
 
 # Liveness states that put the status bar into its warning state.
 WARNING_STATES = protocol.WARNING_STATES
@@ -210,17 +206,6 @@ def _rows_or_summary(rows: list[dict], group: int | None) -> dict:
     return {"processes": opened, "summary": summary, "group": group}
 
 
-class _ControlReport:
-    """Collects what ``session.control`` says (it talks to a view; this is one)."""
-
-    def __init__(self) -> None:
-        self.control_status = ""
-        self.log: list[str] = []
-
-    def update(self, append=()) -> None:
-        self.log.extend(append)
-
-
 class ClusterComms:
     """Serves the ``jaxsys`` comms of one kernel: state pushes and commands.
 
@@ -343,15 +328,15 @@ class ClusterComms:
                 }
             )
             return
-        ok, message, log = self.run(action, rank)
+        result = self.run(action, rank)
         self._send(
             {
                 "type": "reply",
                 "id": request,
                 "action": action,
-                "ok": ok,
-                "message": message,
-                "log": log,
+                "ok": result.ok,
+                "message": result.message,
+                "log": list(result.log),
             }
         )
         # A command may change much (a new cluster, a restarted world): the whole state.
@@ -359,46 +344,9 @@ class ClusterComms:
 
     # -- commands -------------------------------------------------------------------------
 
-    def run(self, action: str, rank: int | None) -> tuple[bool, str, list[str]]:
-        """Carry out one action; returns ``(ok, message, log lines)``."""
-        if action == "start":
-            return self._start()
-        if action == "stop-cluster":
-            return self._stop_cluster()
-        action = ALIASES.get(action, action)
-        report = _ControlReport()
-        self.session.control(report, action, rank)
-        failed = report.control_status.startswith(f"{action} failed") or (
-            report.control_status in ("no cluster is running",)
-        )
-        return not failed, report.control_status, report.log
-
-    def _start(self) -> tuple[bool, str, list[str]]:
-        try:
-            # Pushes while the cluster comes up show it starting.
-            cluster = self.session.start()
-        except UsageError as e:
-            return False, str(e), []
-        except Exception as e:  # noqa: BLE001 - a failed start is reported in the sidebar
-            return False, f"start failed: {e}", []
-        return True, f"{cluster.nprocs} processes ready in {cluster.ready_seconds:.1f} s", []
-
-    def _stop_cluster(self) -> tuple[bool, str, list[str]]:
-        log = []
-        if self.cell_running:
-            # A cell waiting on the engines would wait forever once they are gone: interrupt
-            # it as the kernel's stop button does, and let it end before the teardown.
-            os.kill(os.getpid(), signal.SIGINT)
-            ended = self._cell_done.wait(STOP_WAIT)
-            log.append(
-                "interrupted the running cell"
-                if ended
-                else f"the running cell did not end within {STOP_WAIT:g} s of SIGINT"
-            )
-        took = self.session.stop()
-        if took is None:
-            return False, "no cluster is running", log
-        return True, f"cluster stopped in {took:.1f} s", log
+    def run(self, action: str, rank: int | None) -> commands.Result:
+        """Carry out one action through the command registry; its result is the reply."""
+        return commands.run(self.session, action, rank, surface="comm", cell_done=self._cell_done)
 
     # -- state ----------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ from IPython.display import publish_display_data
 
 from ..cluster import standby
 from ..cluster.audit import audit, format_audit, format_refusals
+from ..cluster.launchers import forks
 from ..telemetry.memory import format_bytes, memory_line
-from . import actions_help
+from . import actions_help, commands
 from .actions_args import cluster_arguments, did_you_mean, processes, split
 from .actions_cache import cache
 from .actions_divergence import divergence
@@ -170,13 +171,13 @@ def restart(session, args: argparse.Namespace) -> None:
     ranks = processes(session, args.process, args.procs, "%jaxsys restart")
     if ranks is not None:
         for r in ranks:
-            took = session.restart_process(r)
+            took = commands.call(session, "restart", r).took
             spare = " (from the standby)" if session.cluster.standby_status()["taken"] else ""
             print(
                 f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s{spare}"
             )
         return
-    took = session.restart()
+    took = commands.call(session, "restart").took
     taken = session.cluster.standby_status()["taken"]
     print(
         f"jaxsys: restarted all {session.cluster.nprocs} processes; "
@@ -206,7 +207,7 @@ def kill(session, args: argparse.Namespace) -> None:
     if ranks is None:
         raise UsageError(KILL_NEEDS)
     for r in ranks:
-        took = session.kill_process(r, args.signal)
+        took = commands.call(session, "kill", r, options={"signal": args.signal}).took
         print(session.kill_message(r, args.signal, took))
 
 
@@ -231,6 +232,8 @@ def status(session, args: argparse.Namespace) -> None:
     if job:
         print(job)
     print(standby.status_line(session.cluster.standby_status()))
+    if fork := forks.status_line(session.cluster):
+        print(fork)
     print(f"security: {session.cluster.security}")
     rotation = session.rotation_line()
     if rotation:
@@ -333,6 +336,11 @@ def inspect_(session, args: argparse.Namespace) -> None:
 
 
 # -- the table and the dispatcher ---------------------------------------------------------------
+
+# restart and kill parse their options here and run through the command registry
+# (commands.COMMANDS), which the buttons and the comm share; a unit test checks that every
+# command the registry offers on %jaxsys has its action in this table. (start and stop take
+# the cluster's options here and call the session's start and stop, as the registry's do.)
 
 ACTIONS: dict[str, Action] = {
     a.name: a

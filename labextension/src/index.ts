@@ -57,7 +57,8 @@ function addCommands(
       'jaxsys: Stop the Cluster',
       () => model.link?.connected === true && !!cluster()
     ],
-    [CommandIDs.restartWorld, 'restart-world', 'jaxsys: Restart the JAX World', ready],
+    // `restart` without a process restarts the whole world.
+    [CommandIDs.restartWorld, 'restart', 'jaxsys: Restart the JAX World', ready],
     [CommandIDs.dumpStacks, 'stacks', 'jaxsys: Dump the Stacks of Every Process', ready]
   ];
   for (const [id, action, label, isEnabled] of actions) {

@@ -20,7 +20,11 @@ export type KernelMessage = 'state' | 'delta' | 'reply';
 /** What the front end sends. */
 export type FrontEndMessage = 'command' | 'refresh' | 'group';
 
-/** Every command the kernel accepts. */
+/**
+ * Every command the kernel accepts: the commands its registry
+ * (`jaxsys_kernel/magics/commands.py`) offers on the comm, then their old names. `restart`
+ * with a rank replaces that process; without one, the whole JAX world.
+ */
 export type Action =
   | 'start'
   | 'stop-cluster'
@@ -30,6 +34,7 @@ export type Action =
   | 'stacks'
   | 'kill'
   | 'restart'
+  /** The old name of `restart` without a rank, still accepted. */
   | 'restart-world';
 
 /**
@@ -54,6 +59,8 @@ export interface IProcess {
   state: string;
   heartbeat_age: number | null;
   busy: boolean;
+  /** Why the process died, as the cluster recorded it (null while it runs). */
+  error?: string | null;
   /** The world's incarnation this process belongs to (absent from older kernels). */
   incarnation?: number;
   /** Times it was restarted alone since the cluster started (absent from older kernels). */

@@ -92,7 +92,8 @@ export class JaxsysSidebar extends Widget {
     const buttons: [Action, string, string, string][] = [
       ['start', 'Start', 'jaxsys-start', 'start a cluster with the kernel’s defaults'],
       ['stop-cluster', 'Stop', 'jaxsys-stop', 'stop the cluster (a running cell is interrupted first)'],
-      ['restart-world', 'Restart world', 'jaxsys-restart-world', 'replace every process'],
+      // `restart` without a process: the whole world (with one, the row's button).
+      ['restart', 'Restart world', 'jaxsys-restart-world', 'replace every process'],
       ['stacks', 'Dump stacks', 'jaxsys-stacks', 'where each process is: its stack, or idle']
     ];
     for (const [action, label, cls, title] of buttons) {
@@ -161,7 +162,7 @@ export class JaxsysSidebar extends Widget {
     const enabled: Record<string, boolean> = {
       start: connected && !c,
       'stop-cluster': connected && !!c,
-      'restart-world': ready,
+      restart: ready,
       stacks: ready
     };
     for (const [action, node] of this._buttons) {

@@ -75,9 +75,10 @@ function renderLive(model, root) {
   }, [label]);
   if (controls) {
     root.append(h("div", { class: "jxs-controls jxs-controls-bar" }, [
-      control("stop cell", "interrupt the running cell on every process", "stop", null),
+      control("stop cell", "interrupt the running cell on every process", "interrupt", null),
       control("dump stacks", "Python stacks of every process", "stacks", null),
-      control("restart world", "replace every process and re-initialise JAX", "restart-world", null),
+      // "restart" without a process restarts the whole world (the kernel's command registry).
+      control("restart world", "replace every process and re-initialise JAX", "restart", null),
       h("span", { class: "jxs-muted jxs-control-status" }, [model.get("control_status") || ""]),
     ]));
   }
