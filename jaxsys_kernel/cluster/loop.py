@@ -153,13 +153,48 @@ def _blocking_twin(name: str, func: Callable[..., Coroutine]) -> Callable[..., A
 
 # -- the default progress display: one tqdm line per stage, on stdout ------------------------
 # Progress is not an error: on stderr a notebook would paint it as one. Each stage is one line
-# that tqdm rewrites in place (a carriage return, which notebooks honour too).
+# that tqdm rewrites in place. In a terminal that is a carriage return. In a kernel a stream
+# keeps every frame (nbclient, nbconvert and papermill save each as its own output), so there
+# each bar is one display output updated in place by its display id: a live front end redraws
+# it, and a saved notebook holds one output per bar, its final state.
 
 _bars: dict[str, Any] = {}
 
 
+class _DisplayLine:
+    """A file for tqdm that shows what it writes as one display output, updated in place."""
+
+    def __init__(self, display: Callable[..., Any]) -> None:
+        self._display = display
+        self._handle: Any = None
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip("\n")
+        if not line:
+            return
+        bundle = {"text/plain": line}
+        if self._handle is None:
+            self._handle = self._display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+
+def _progress_file() -> Any:
+    # ipykernel's stream sends every write as an output; anything else (a terminal, a
+    # script, `jaxsys cluster start`) gets tqdm's carriage returns.
+    if type(sys.stdout).__module__ != "ipykernel.iostream":
+        return sys.stdout
+    # Deferred: only a kernel (which has imported IPython already) shows progress this way.
+    from IPython.display import display
+
+    return _DisplayLine(display)
+
+
 def default_progress(event: ProgressEvent) -> None:
-    """Show a progress event as one line on stdout, updated in place (one line per stage)."""
+    """Show a progress event as one line, updated in place (one line per stage)."""
     # Deferred: tqdm takes a fifth of a second to import, and `jaxsys cluster status`
     # imports this module (through the cluster package) and never shows progress.
     from tqdm.std import tqdm
@@ -173,7 +208,7 @@ def default_progress(event: ProgressEvent) -> None:
             desc=event.stage,
             bar_format="{desc} {n}/{total} [{elapsed}]",
             mininterval=0,
-            file=sys.stdout,
+            file=_progress_file(),
         )
     elif bar.n != event.done:
         bar.n = event.done

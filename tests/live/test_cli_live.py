@@ -197,3 +197,28 @@ def test_an_installed_kernelspec_is_listed_for_every_user():
         assert json.loads(listing.stdout.split("\n", 1)[1])["language"] == "python"
     finally:
         shutil.rmtree(prefix)
+
+
+def _texts(output) -> str:
+    if output.output_type == "stream":
+        return output.text
+    return output.get("data", {}).get("text/plain", "")
+
+
+def test_a_saved_notebook_holds_one_output_per_progress_bar(tag, tmp_path):
+    # nbclient-based tools save every output a kernel sends: a bar drawn with carriage
+    # returns on a stream would be saved frame by frame.
+    path = tmp_path / "start.ipynb"
+    write_notebook(path, ["%jaxsys start --hosts 2 --devices-per-host 1", "%%multihost\n1 + 1"])
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("jupyter")), "execute", "--inplace", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    outputs = nbformat.read(path, as_version=4).cells[0].outputs
+    texts = [_texts(o) for o in outputs]
+    assert not [t for t in texts if "\r" in t], texts
+    registered = [t for t in texts if "engines registered" in t]
+    assert len(registered) == 1 and registered[0].startswith("engines registered 2/2"), texts
