@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 
 import nbformat
 import pytest
@@ -95,6 +97,15 @@ EXPECTED = {
         # plain JAX first: serialize, deserialize, call; then vjp_order and an executable
         "plain deserialize, then call: (8, 2)",
         "grad with vjp_order=1 matches jax.grad: True",
+        "jvp of the rehydrated function: TypeError",
+        "vmap of it: NotImplementedError",
+        # a swapped artifact runs without a word
+        "the sin file: 0.84",
+        "after the swap: 1000.0",
+        # shardings name logical devices: an AbstractMesh export called on other devices
+        "nr_devices: 2 | on my devices, reversed: True | [7, 6, 5, 4, 3, 2, 1, 0]",
+        "exported for 1 device, called on 2 devices: [0, 2, 4, 6, 8, 10, 12, 14]",
+        "run here with the platform check disabled: 0.5403",
         "platforms: ('cpu', 'cuda') | runs here: True",
         "same result: True",
         # .call in a new jit, custom calls, the dumped modules, the old module's names
@@ -259,8 +270,28 @@ def test_notebook_runs(path, tag):
     assert _svg_outputs(nb) >= STATIC_PICTURES.get(path.name, 0), (
         f"{path.name}: static views missing"
     )
+    if path.name in SCRATCH:
+        assert "scratch files left: []" in text, f"{path.name} leaves scratch files"
+    assert not _scratch_left(path), f"{path.name} left {_scratch_left(path)}"
     problems = clean_run_problems(nb, EXPLAINED.get(path.name, []))
     assert not problems, f"{path.name} is not a clean run:\n" + "\n".join(problems)
+
+
+# Notebooks that write scratch files in the temporary directory, and the prefix of their names:
+# each must remove them, and its last cell checks (and prints) that none is left.
+SCRATCH = {
+    "05-export-and-shape-polymorphism.ipynb": "jaxsys-05-",
+    "05b-shape-polymorphism.ipynb": "jaxsys-05b-",
+    "06-compilation-cache.ipynb": "jaxsys-06-",
+}
+
+
+def _scratch_left(path) -> list[str]:
+    """The scratch files of notebook ``path`` still in the temporary directory."""
+    prefix = SCRATCH.get(path.name)
+    if prefix is None:
+        return []
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefix)]
 
 
 def test_notebooks_hold_the_language_info_of_a_real_kernel_info_reply():
