@@ -3,6 +3,7 @@ progress of long waits, and what goes wrong."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ClusterError
@@ -40,6 +41,9 @@ class ProcessInfo:
     host: str = ""
     address: str = ""
     nanny_pid: int | None = None
+    # When the process started, as it reported (psutil's create_time): a teardown signals
+    # its pid only while it still names this process.
+    started: float | None = None
     devices: list[int] = field(default_factory=list)
     platform: str = ""
     state: str = "starting"
@@ -57,7 +61,7 @@ class ProcessInfo:
     def to_dict(self) -> dict:
         """Return the fields as a plain, JSON-ready dict (without the initialisation record)."""
         d = asdict(self)
-        del d["init_call"], d["init_settings"], d["died"]
+        del d["init_call"], d["init_settings"], d["died"], d["started"]
         return d
 
     @classmethod
@@ -70,6 +74,7 @@ class ProcessInfo:
             host=info["host"],
             address=info["address"],
             nanny_pid=info["nanny_pid"],
+            started=_number(info.get("started")),
         )
 
 
@@ -80,3 +85,10 @@ class ProgressEvent:
     stage: str
     done: int
     total: int
+
+
+def _number(value) -> float | None:
+    """A reported number, or None for anything else (engines' reports are untrusted)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None

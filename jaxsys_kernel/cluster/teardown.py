@@ -15,7 +15,7 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import psutil
 import zmq
@@ -48,11 +48,56 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def killpg_all(pids: Sequence[int]) -> None:
-    """SIGKILL each pid's process group, or the process alone if it leads none."""
+# How far two readings of one process's start time may differ (psutil derives it from
+# clock ticks since boot, so readings of one process agree to within a tick).
+START_TIME_TOLERANCE_S = 0.05
+
+
+def start_time(pid: int | None) -> float | None:
+    """When a local process started (seconds since the epoch), or None if there is none."""
+    if not pid:
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def still_ours(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` may be signalled as the process the cluster started.
+
+    A pid that no process holds is safe: Linux does not hand out an id again while a
+    process group or session still uses it, so its group, if one is left, is the
+    original's. A pid that a process holds must be that process: the one that started at
+    ``started`` (as it reported at registration), or, with no start time, a child of this
+    process (the launchers' processes, the controller).
+    """
+    try:
+        proc = psutil.Process(pid)
+        if started is not None:
+            return abs(proc.create_time() - started) < START_TIME_TOLERANCE_S
+        return proc.ppid() == os.getpid()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        # Another user's process (access denied): not ours.
+        return False
+
+
+def killpg_all(pids: Sequence[int], started: Mapping[int, float | None] | None = None) -> None:
+    """SIGKILL each pid's process group, or the process alone if it leads none.
+
+    ``started`` gives the start time of the pids that are not this process's children
+    (engines); a pid that now belongs to another process is left alone (see
+    :func:`still_ours`).
+    """
     # Each launcher starts its process in a new session, so the pid is also the group id;
-    # killing the group takes the controller's scheduler subprocesses with it.
+    # killing the group takes the controller's scheduler subprocesses with it, and an
+    # engine's group takes what its cells started.
+    started = started or {}
     for pid in pids:
+        if not still_ours(pid, started.get(pid)):
+            continue
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
@@ -131,6 +176,11 @@ def census(world) -> list[int]:
     return sorted(pid for pid in pids if isinstance(pid, int) and pid > 1)
 
 
+def engine_start_times(processes: Iterable) -> dict[int, float | None]:
+    """The start time each process reported with its pid (for :func:`still_ours`)."""
+    return {p.pid: p.started for p in processes if p.pid}
+
+
 # -- teardown ------------------------------------------------------------------------------
 
 
@@ -149,7 +199,7 @@ def kill(world) -> float:
             client.close(linger=0)
         except Exception:  # noqa: BLE001 - the client may already be half-closed
             pass
-    killpg_all(pids)
+    killpg_all(pids, engine_start_times(world.processes))
     if ipp is not None:
         launcher.kill_remote(engine_sets)
         # Forget the launchers so ipyparallel does not try a slow stop later.
@@ -172,12 +222,17 @@ def kill(world) -> float:
 
 
 async def kill_world(world) -> None:
-    """For a world restart: kill every engine, keep the controller, and free the engine ids."""
+    """For a world restart: kill every engine, keep the controller, and free the engine ids.
+
+    The engines themselves are killed with their process groups, not only the processes
+    that launched them: a forked engine would otherwise leave only when a thread of its
+    own runs (never, while a cell holds the GIL), and what its cells started would stay.
+    """
     launcher, ipp = world.launcher, world.ipp
     old_sets = set(launcher.engine_sets.values())
     old_launchers = [es for es in (launcher.engine_set(r) for r in world.ranks) if es]
     old_ids = {p.engine_id for p in world.processes}
-    await asyncio.to_thread(launcher.kill_engines, old_launchers)
+    await asyncio.to_thread(launcher.kill_engines, old_launchers, world.processes)
     if world.telemetry is not None:
         world.telemetry.reset()
     for set_id in old_sets:

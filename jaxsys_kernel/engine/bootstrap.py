@@ -53,7 +53,9 @@ def describe_process() -> dict:
     Returns
     -------
     dict
-        ``rank``, ``pid``, ``host``, ``address`` and ``nanny_pid`` (None without a nanny).
+        ``rank``, ``pid``, ``started`` (when this process started, which a teardown checks
+        before it signals the pid), ``host``, ``address`` and ``nanny_pid`` (None without a
+        nanny).
     """
     if hasattr(signal, "SIGUSR1"):
         # A file of its own: fd 2 is captured by ipykernel and would land in cell output.
@@ -84,6 +86,7 @@ def describe_process() -> dict:
     return {
         "rank": process_rank(),
         "pid": os.getpid(),
+        "started": _started(),
         "host": host,
         "address": address,
         "nanny_pid": nanny_pid,
@@ -125,6 +128,17 @@ def take_over(settings: dict[str, str]) -> dict:
         raise ValueError(f"take_over sets only the engine's own variables, not {strangers}")
     os.environ.update(settings)
     return describe_process()
+
+
+def _started() -> float | None:
+    """This process's start time as psutil reads it (the kernel compares the two)."""
+    # Deferred: only registration needs it.
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return None
 
 
 def _host_address(host: str) -> str:

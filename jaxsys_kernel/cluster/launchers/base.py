@@ -20,7 +20,7 @@ from ..._ranges import format_procs
 from .. import stacks
 from ..allocation import Allocation
 from ..security import handshake_trace_env
-from ..teardown import killpg_all, launcher_pids, pid_alive, wait_gone
+from ..teardown import engine_start_times, killpg_all, launcher_pids, pid_alive, wait_gone
 
 if TYPE_CHECKING:
     from ..records import ProcessInfo
@@ -452,17 +452,24 @@ class Launcher:
     def kill_remote(self, engine_sets: Sequence) -> None:
         """SIGKILL the engines these launchers started on other hosts, where they run."""
 
-    def kill_engines(self, engine_sets: Sequence, local_pids: Sequence[int] = ()) -> None:
+    def kill_engines(self, engine_sets: Sequence, processes: Sequence[ProcessInfo] = ()) -> None:
         """SIGKILL the engines these launchers started, where they run, and wait (bounded)
-        until the local ones are gone. Blocking: call it off the event loop."""
+        until the local ones are gone. Blocking: call it off the event loop.
+
+        ``processes`` are the records of the engines being killed: where their pids are
+        pids of this machine, each engine's own process group goes too (what its cells
+        started), whatever launched it; a pid that now belongs to another process is left
+        alone.
+        """
         self.kill_remote(engine_sets)
         here = (
             [pid for es in engine_sets for pid in launcher_pids(es)]
             if self.launcher_pids_here
             else []
         )
-        pids = [*local_pids, *here]
-        killpg_all(pids)
+        own = [p for p in processes if p.pid] if self.engine_pids_here else []
+        pids = [*(p.pid for p in own), *here]
+        killpg_all(pids, engine_start_times(own))
         wait_gone(pids, ENGINE_KILL_WAIT_S)
 
     def kill_rank(self, rank: int, p: ProcessInfo) -> None:
@@ -472,4 +479,4 @@ class Launcher:
             self.kill_engines([es] if es else [])
         # A local process already gone is not signalled again: its pid may be reused.
         elif p.pid and pid_alive(p.pid):
-            self.kill_engines([es] if es else [], [p.pid])
+            self.kill_engines([es] if es else [], [p])
