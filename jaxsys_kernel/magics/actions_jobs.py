@@ -23,8 +23,8 @@ _ALWAYS: dict[str, Any] = {
     "devices_per_host": None,
     "launcher": None,
     "cache_dir": None,
-    "init_timeout": 60.0,
-    "secure": True,
+    "init_timeout": None,
+    "secure": None,
     "ca_file": None,
     "cert_dir": None,
 }

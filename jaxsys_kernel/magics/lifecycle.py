@@ -12,10 +12,9 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from .. import contract
 from ..cluster import Cluster, ClusterConfig
 from ..cluster.audit import refusal_notice
-from ..cluster.launchers import DEFAULT as DEFAULT_LAUNCHER
+from ..cluster.options import kernelspec_layer
 
 
 def _duration(seconds: float) -> str:
@@ -23,30 +22,22 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{seconds:.1f} s"
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"${name}={raw!r} is not a whole number; set it to e.g. 4") from None
-    if value < 1:
-        raise UsageError(f"${name}={raw!r} must be at least 1")
-    return value
-
-
 class Lifecycle:
     """Starting, stopping and restarting the session's cluster (a part of
     :class:`~jaxsys_kernel.magics.session.MultihostSession`)."""
 
     def defaults(self) -> dict:
-        """Cluster options from the environment (set in the kernelspec)."""
-        return {
-            "hosts": _env_int(contract.HOSTS, 4),
-            "devices_per_host": _env_int(contract.DEVICES_PER_HOST, 2),
-            "launcher": os.environ.get(contract.LAUNCHER, DEFAULT_LAUNCHER),
-        }
+        """The layer under the ``%jaxsys start`` line: the options the kernelspec's
+        ``JAXSYS_*`` variables set (read by :func:`~jaxsys_kernel.cluster.options.
+        kernelspec_layer`, as ``jaxsys cluster start`` and ``jaxsys job`` read them). What
+        no layer sets is :class:`ClusterConfig`'s declared default.
+
+        Raises
+        ------
+        ConfigError
+            Naming the variable that holds no whole number of at least 1.
+        """
+        return kernelspec_layer(os.environ)
 
     def start(
         self,
