@@ -17,6 +17,8 @@ or objects from their callers on the engines.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Sequence
 from functools import partial
 
@@ -192,6 +194,29 @@ def create_subshell(kernel) -> str:
 def route_comm_to_subshell(comm, subshell_id: str) -> None:
     """Serve a comm's incoming messages on a subshell, whatever thread sends its updates."""
     comm._reply_subshell_for = lambda data, default: subshell_id
+
+
+# -- ipykernel: messages that answer no request -----------------------------------------------
+
+
+@contextlib.contextmanager
+def outside_any_request(kernel):
+    """IOPub messages sent inside belong to no request (an empty parent header).
+
+    Clients that collect what a cell sent by its request (nbclient, so nbconvert, papermill
+    and ``jupyter execute``) then leave them out; a front end's widget manager takes a
+    comm_open whatever its parent. Uses ipykernel's shell parent context variable; without
+    it (another kernel, a future ipykernel), messages keep their parent.
+    """
+    var = getattr(kernel, "_shell_parent", None)
+    if not isinstance(var, contextvars.ContextVar):
+        yield
+        return
+    token = var.set({})
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 # -- JAX: the slow dispatch path (runs in the engines) -----------------------------------------

@@ -19,6 +19,8 @@ from typing import Any
 import anywidget
 import traitlets
 
+from .unstored import Unstored
+
 _STATIC = pathlib.Path(__file__).parent / "static"
 
 
@@ -102,7 +104,7 @@ def html_card(info: dict) -> str:
     return f"<div class='jxs-artifact'><b>{title}</b><table>{body}</table></div>"
 
 
-class ArtifactView(anywidget.AnyWidget):
+class ArtifactView(Unstored, anywidget.AnyWidget):
     """The card of an exported computation (``jax.export.Exported``).
 
     Parameters

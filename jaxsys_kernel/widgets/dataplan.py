@@ -21,11 +21,12 @@ import traitlets
 from ..data.draw import plan_text
 from .fallback import png_bundle
 from .pictures import dataplan_picture
+from .unstored import Unstored
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
 
-class DataPlanView(anywidget.AnyWidget):
+class DataPlanView(Unstored, anywidget.AnyWidget):
     """A data-loading plan drawn as blocks of the global batch and bytes per process.
 
     Parameters

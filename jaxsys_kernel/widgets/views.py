@@ -26,6 +26,7 @@ from .artifact import ArtifactView
 from .dataplan import DataPlanView
 from .esm import view_module
 from .rowsync import RowsMixin, cache_summary, change_log
+from .unstored import Unstored
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -52,7 +53,7 @@ def _check_kind(info: dict, kind: str, view: str) -> dict:
     return info
 
 
-class _View(anywidget.AnyWidget):
+class _View(Unstored, anywidget.AnyWidget):
     """Base of the jaxsys views: the shared stylesheet and the static renderings."""
 
     _css = _STATIC / "views.css"
@@ -353,7 +354,7 @@ class LiveDevicesView(RowsMixin, _View):
             self.send({"type": "log", **told["log"]})
 
 
-class Dashboard(ipywidgets.GridBox):
+class Dashboard(Unstored, ipywidgets.GridBox):
     """The four views side by side; each is also usable on its own.
 
     Parameters

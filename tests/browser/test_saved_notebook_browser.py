@@ -215,3 +215,28 @@ def test_saved_notebook_shows_its_pictures_offline_and_untrusted(tag, tmp_path):
                 raise
     assert lab.killed == [], f"outlived the server's shutdown: {lab.killed}"
     assert wait_no_processes(tag, timeout=15) == []
+
+
+def test_nbconvert_execute_with_no_flags_keeps_every_picture_offline(tag, tmp_path):
+    # The ecosystem's own tool, as its users run it: nbclient stores the state of the widgets
+    # a run made, and an exporter then writes a view as a CDN widget script instead of its
+    # picture. jaxsys views are left out of that state, so the pictures stay.
+    src = tmp_path / "views.ipynb"
+    write_notebook(src, CELLS)
+    html_dir = tmp_path / "html"
+    r = subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", "html", "--execute", src.name,
+         "--output-dir", str(html_dir)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    page_html = (html_dir / "views.html").read_text()
+    assert "application/vnd.jupyter.widget-view+json" not in page_html
+    with launch(width=1200, height=1400) as page:
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
+            ("file:", "data:")) else route.abort())  # fmt: skip
+        page.goto((html_dir / "views.html").as_uri())
+        page.wait_for_load_state("load")
+        sizes = page.evaluate(IMAGES, ".jp-OutputArea-output img")
+        screenshot(page, "nbconvert-execute-offline.png")
+    _check_images(sizes, "nbconvert --execute")
