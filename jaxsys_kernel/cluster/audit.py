@@ -358,8 +358,26 @@ def audit(cluster) -> list[Endpoint]:
     out.extend(_controller_endpoints(cluster))
     out.extend(_process_endpoints(cluster, reports))
     out.extend(_kernel_endpoints(cluster))
+    out.extend(_fork_server_endpoints(cluster))
     out.extend(_server_endpoints())
     return out
+
+
+def _fork_server_endpoints(cluster) -> list[Endpoint]:
+    """The fork server's Unix socket, when the cluster's engines are forked from one."""
+    server = getattr(getattr(cluster.world, "launcher", None), "forks", None)
+    if server is None:
+        return []
+    return [
+        Endpoint(
+            "jaxsys fork server (Unix socket)",
+            server.socket_path,
+            "fork server",
+            "owner-only directory; peer check",
+            "serves only this user's kernel and the processes it started",
+            server.pid,
+        )
+    ]
 
 
 def format_audit(endpoints: list[Endpoint]) -> str:

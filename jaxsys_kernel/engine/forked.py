@@ -96,10 +96,19 @@ def request_fork(conn, args):
     mine, theirs = socket.socketpair()
     body = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     fds = array.array("i", [0, 1, 2, theirs.fileno()])
-    conn.sendmsg([HEADER.pack(len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-    conn.sendall(body)
-    theirs.close()
-    reply = read_line(conn, EXIT_GRACE_S * 3)
+    try:
+        conn.sendmsg([HEADER.pack(len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        conn.sendall(body)
+    except OSError:
+        pass  # refused before it was read (its answer says why), or the server is gone
+    finally:
+        theirs.close()
+    try:
+        reply = read_line(conn, EXIT_GRACE_S * 3)
+    except (OSError, ValueError) as e:
+        reply = {"refused": f"the fork server did not answer ({e})"}
+    if not isinstance(reply, dict):
+        reply = None
     if not reply or "pid" not in reply:
         mine.close()
         return None, (reply or {}).get("refused", "no answer")

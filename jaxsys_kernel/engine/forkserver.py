@@ -24,13 +24,20 @@ What a forked engine keeps from a started one
   by the profile's config against the server's pid) and with its stand-in (end of file on
   the socket pair they share).
 
+What it serves
+--------------
+Only the kernel and the processes it started (the stand-ins) may connect; every request is
+read without blocking, within a deadline, and checked (:mod:`.forkrequests`). Whatever is
+wrong with one (its peer, its bytes, a failed ``fork()``) gets a refusal in words, its
+descriptors are closed, the refusal goes to the server's log, and the server goes on: a
+refused stand-in starts a plain engine.
+
 Usage: ``python -m jaxsys_kernel.engine.forkserver SOCKET_PATH``. The socket appears, by
 rename, only once the imports are done.
 """
 
 from __future__ import annotations
 
-import array
 import atexit
 import ctypes
 import gc
@@ -41,13 +48,14 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
+import time
 import traceback
 import types
 
 from .. import _compat, contract
+from .forkrequests import REQUEST_TIMEOUT_S, BadRequest, Pending, peer_refusal
 from .state import STATE
 
 # What every engine imports before its first cell (its sys.modules, less the server's).
@@ -83,11 +91,10 @@ PRELOAD = (
     "jaxsys_kernel.engine.registry",
     "jaxsys_kernel.engine.transfers",
 )
-#: The header of a request: its JSON length, then the JSON; four descriptors ride along.
-HEADER = struct.Struct("!I")
-#: Descriptors a request carries: stdin, stdout, stderr and the stand-in's lifeline.
-NFDS = 4
-MAX_REQUEST = 4 * 1024 * 1024
+#: Connections whose requests are being read at once; more are refused in words.
+MAX_PENDING = 32
+#: How a refusal after a failed fork begins (the kernel counts these in the server's log).
+FORK_FAILED = "the fork failed"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -222,13 +229,28 @@ def _watch_lifeline(lifeline: socket.socket) -> None:
 
 
 class ForkServer:
-    """The listening socket, the stand-ins connected to it, and the children forked."""
+    """The listening socket, the requests arriving on it, and the children forked.
 
-    def __init__(self, path: str):
+    Parameters
+    ----------
+    path : str
+        The socket's path.
+    parent_fd : int or None
+        A descriptor whose end of file means the kernel is gone (standard input).
+    kernel_pid : int, optional
+        The process allowed to connect, with the processes it started (see
+        :func:`~jaxsys_kernel.engine.forkrequests.peer_refusal`); the parent by default.
+    """
+
+    def __init__(self, path: str, parent_fd: int | None = 0, kernel_pid: int | None = None):
         self.path = path
+        self.parent_fd = parent_fd
+        self.kernel_pid = os.getppid() if kernel_pid is None else kernel_pid
         self.imported = import_state()
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}
+        self.pending: dict[socket.socket, Pending] = {}
+        self.request_timeout = REQUEST_TIMEOUT_S
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._wake_r, self._wake_w = os.pipe()
 
@@ -238,55 +260,139 @@ class ForkServer:
         self.listener.bind(tmp)
         self.listener.listen(256)
         os.rename(tmp, self.path)
+        self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         os.set_blocking(self._wake_w, False)
         signal.set_wakeup_fd(self._wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.sel.register(self._wake_r, selectors.EVENT_READ, "child")
-        self.sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
+        if self.parent_fd is not None:
+            self.sel.register(self.parent_fd, selectors.EVENT_READ, "parent")
+
+    def close(self) -> None:
+        """Stop listening: refuse what is arriving, close every socket, and give the
+        signal handling back."""
+        for pending in list(self.pending.values()):
+            self._refuse(pending, "the fork server is closing")
+        for conn in self.children.values():
+            conn.close()
+        self.sel.close()
+        self.listener.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     def serve(self) -> None:
         """Answer requests until the kernel's end of standard input closes."""
-        while True:
-            for key, _ in self.sel.select():
-                if key.data == "accept":
-                    conn, _ = self.listener.accept()
-                    self._serve_one(conn)
-                elif key.data == "child":
-                    os.read(self._wake_r, 4096)
-                    self._reap()
-                elif key.data == "parent" and not os.read(key.fd, 4096):
-                    return
+        while self.serve_once():
+            pass
 
-    def _serve_one(self, conn: socket.socket) -> None:
+    def serve_once(self, timeout: float | None = None) -> bool:
+        """Handle what is ready (waiting at most ``timeout`` seconds, or until the next
+        request's deadline); False once the kernel is gone.
+
+        Nothing one connection does ends the loop: an error while handling it is logged
+        and refused, and the loop goes on.
+        """
+        wait = self._next_deadline()
+        if timeout is not None:
+            wait = timeout if wait is None else min(wait, timeout)
+        for key, _ in self.sel.select(wait):
+            try:
+                if key.data == "parent" and not os.read(key.fd, 4096):
+                    return False
+                self._handle(key)
+            except Exception as e:  # noqa: BLE001 - one request must not end every engine
+                _log(f"error while serving ({type(e).__name__}: {e})")
+                traceback.print_exc()
+                if isinstance(key.data, Pending):
+                    self._refuse(key.data, f"the fork server failed on it ({type(e).__name__})")
+        self._expire()
+        return True
+
+    def _handle(self, key) -> None:
+        if key.data == "accept":
+            self._accept()
+        elif key.data == "child":
+            os.read(self._wake_r, 4096)
+            self._reap()
+        elif isinstance(key.data, Pending):
+            try:
+                request = key.data.read()
+            except BadRequest as e:
+                self._refuse(key.data, str(e))
+                return
+            if request is not None:
+                self._done_reading(key.data)
+                self._serve_request(key.data, request)
+
+    def _accept(self) -> None:
         try:
-            request, fds = _receive(conn)
-        except (OSError, ValueError) as e:
-            _reply(conn, {"refused": f"unreadable request: {e}"})
-            conn.close()
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
             return
+        except OSError as e:
+            # EMFILE and the like: say so, and let the next turn of the loop try again.
+            _log(f"could not accept a connection ({e})")
+            return
+        pending = Pending(conn, self.request_timeout)
+        why = peer_refusal(conn, self.kernel_pid)
+        if why is None and len(self.pending) >= MAX_PENDING:
+            why = f"{MAX_PENDING} requests are already arriving"
+        if why:
+            self._refuse(pending, why, registered=False)
+            return
+        self.pending[conn] = pending
+        self.sel.register(conn, selectors.EVENT_READ, pending)
+
+    def _done_reading(self, pending: Pending) -> None:
+        self.pending.pop(pending.conn, None)
+        self.sel.unregister(pending.conn)
+
+    def _refuse(self, pending: Pending, why: str, registered: bool = True) -> None:
+        if registered and pending.conn in self.pending:
+            self._done_reading(pending)
+        _log(f"refused a request: {why}")
+        # Its descriptors are closed before it hears why: a client may count on it.
+        pending.close_fds()
+        pending.reply({"refused": why})
+        pending.close()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for pending in [p for p in self.pending.values() if p.deadline <= now]:
+            self._refuse(pending, f"no whole request within {self.request_timeout:g} s")
+
+    def _next_deadline(self) -> float | None:
+        if not self.pending:
+            return None
+        return max(0.0, min(p.deadline for p in self.pending.values()) - time.monotonic())
+
+    def _serve_request(self, pending: Pending, request: dict) -> None:
         why = refusal(request, self.imported)
         if why:
-            _reply(conn, {"refused": why})
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+            self._refuse(pending, why, registered=False)
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            # Out of processes or memory: the stand-in starts a plain engine instead.
+            self._refuse(pending, f"{FORK_FAILED} ({e.strerror or e})", registered=False)
+            return
         if pid == 0:
             _become_engine(
                 request,
-                fds,
-                [self.sel, self.listener, conn, *self.children.values()],
-                [self._wake_r, self._wake_w],
+                pending.fds,
+                [self.sel, self.listener, pending.conn, *self.children.values(), *self.pending],
+                [self._wake_r, self._wake_w, *(fd for p in self.pending.values() for fd in p.fds)],
                 self.imported,
             )
-        for fd in fds:
-            os.close(fd)
-        self.children[pid] = conn
-        _reply(conn, {"pid": pid})
+        pending.close_fds()
+        self.children[pid] = pending.conn
+        pending.reply({"pid": pid})
 
     def _reap(self) -> None:
         while self.children:
@@ -302,34 +408,16 @@ class ForkServer:
                 conn.close()
 
 
-def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    fds = array.array("i")
-    msg, ancdata, _flags, _addr = conn.recvmsg(HEADER.size, socket.CMSG_LEN(NFDS * fds.itemsize))
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    if len(msg) != HEADER.size or len(fds) != NFDS:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"expected a header and {NFDS} descriptors")
-    (length,) = HEADER.unpack(msg)
-    if length > MAX_REQUEST:
-        raise ValueError(f"a request of {length} bytes")
-    body = b""
-    while len(body) < length:
-        chunk = conn.recv(length - len(body))
-        if not chunk:
-            raise ValueError("the request ended early")
-        body += chunk
-    return json.loads(body), list(fds)
-
-
 def _reply(conn: socket.socket, message: dict) -> None:
     try:
         conn.sendall(json.dumps(message).encode() + b"\n")
     except OSError:
         # The stand-in is gone; its child (if any) follows through the lifeline.
         pass
+
+
+def _log(message: str) -> None:
+    print(f"jaxsys fork server: {message}", file=sys.stderr, flush=True)
 
 
 def _die_with_parent() -> None:
@@ -390,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     # Objects imported so far stay out of the collector's way: copied pages stay shared.
     gc.collect()
     gc.freeze()
-    server = ForkServer(args[0])
+    parent = os.environ.get(contract.PARENT_PID)
+    server = ForkServer(args[0], kernel_pid=int(parent) if parent else None)
     server.listen()
     server.serve()
     return 0

@@ -1,7 +1,8 @@
 """The fork server on real engines: local processes are forked from it, each in its own
 session with its own environment and random state, a rank it cannot serve starts as a
 plain engine, a launch survives the server's death, and nothing outlives a stop, the
-death of the stand-in, or the death of the process that started the cluster."""
+death of the stand-in, or the death of the process that started the cluster; malformed
+requests are refused while the world goes on, and the server's own death is said in words."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import time
 
 import psutil
 import pytest
+from IPython.core.error import UsageError
 
 from jaxsys_kernel import Cluster
+from jaxsys_kernel.cells.guard import check_processes
+from jaxsys_kernel.cluster.launchers import forks
 from jaxsys_kernel.cluster.teardown import sub_launchers
 
 from ..harness import is_engine, new_tag, tagged_engines, tagged_processes, wait_no_processes
@@ -151,6 +155,94 @@ def test_a_launch_survives_the_servers_death(cluster):
     me = {m["rank"]: m for m in cluster.world.view.apply_sync(_me)}
     assert all(m["ppid"] != server.pid for m in me.values())
     assert cluster.world.view.apply_sync(_sum_of_ranks) == [sum(range(NPROCS))] * NPROCS
+
+
+BAD_BODIES = [
+    b"[]",
+    b"[" * 200000,
+    b'{"argv": ["\xff"]}',
+    b"{argv",
+    b'{"argv": [1], "env": {}}',
+    b'{"argv": [], "env": {"A": 1}}',
+]
+
+
+def _ask(path: str, body: bytes, length: int | None = None) -> dict:
+    """Send one request with four descriptors, as a stand-in does; the server's answer."""
+    import array
+    import json
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(path)
+        fds = array.array("i", [0, 1, 2, 1])
+        header = struct.pack("!I", len(body) if length is None else length)
+        try:
+            conn.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            conn.sendall(body)
+        except OSError:
+            pass  # refused before it was read: the answer is waiting
+        data = b""
+        while b"\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return {"closed": len(data)}
+            data += chunk
+        return json.loads(data.split(b"\n")[0])
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    tag = new_tag()
+    monkeypatch.setenv("JAXSYS_TEST_RUN", tag)
+    c = Cluster(hosts=2, devices_per_host=1, standby=0, progress=lambda e: None)
+    c.start_sync()
+    c.test_tag = tag
+    try:
+        yield c
+    finally:
+        c.kill()
+    assert not wait_no_processes(tag, timeout=15)
+
+
+def test_malformed_requests_are_refused_and_the_world_goes_on(pair):
+    server = pair.world.launcher.forks
+    before = _fds(server.pid)
+    answers = [_ask(server.socket_path, BAD_BODIES[i % len(BAD_BODIES)]) for i in range(300)]
+    answers.append(_ask(server.socket_path, b"{}", length=1 << 30))
+    refused = [a for a in answers if "refused" in a]
+    assert len(refused) == len(answers), [a for a in answers if "refused" not in a][:3]
+    assert _alive(server.pid)
+    # The last refusal may reach us a moment before its connection is closed.
+    _wait(lambda: _fds(server.pid) == before, f"{before} descriptors in the server", 5)
+    # Cell code on an engine is no process the kernel started: refused before it is read.
+    from_cells = pair.world.view.apply_sync(_ask, server.socket_path, b"[]")
+    assert all("was not started by the kernel" in a["refused"] for a in from_cells), from_cells
+    assert pair.world.view.apply_sync(_sum_of_ranks) == [1, 1]
+    # A good request is still served: the next world is forked from the same server.
+    pair.restart_sync()
+    assert {m["ppid"] for m in pair.world.view.apply_sync(_me)} == {server.pid}
+    assert pair.world.view.apply_sync(_sum_of_ranks) == [1, 1]
+
+
+def test_the_fork_servers_death_is_reported_with_what_to_do(pair):
+    server = pair.world.launcher.forks
+    os.kill(server.pid, signal.SIGKILL)
+    # Its engines die with it (their parent-death signal): the world is not usable.
+    _wait(lambda: not tagged_engines(pair.test_tag), "the forked engines to follow their server")
+    with pytest.raises(UsageError) as e:
+        check_processes(pair, pair.ranks, ())
+    said = str(e.value)
+    assert f"the fork server (pid {server.pid}) was killed by SIGKILL" in said
+    assert "%jaxsys restart" in said
+    assert forks.status_line(pair).startswith(f"fork server: the fork server (pid {server.pid})")
+    # The stop (the fixture's kill) leaves no process.
 
 
 OWNER = textwrap.dedent(

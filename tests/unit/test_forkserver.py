@@ -1,10 +1,17 @@
-"""The fork server's decisions, without forking: which requests it serves, how JAX settings
+"""The fork server's decisions, without forking: which requests it serves (malformed ones,
+strangers and failed forks are refused in words and leak nothing), how JAX settings
 that differ reach a child, and the package whose ``__init__`` waits until it is needed."""
 
 from __future__ import annotations
 
+import array
+import errno
+import json
 import os
+import socket
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -12,7 +19,7 @@ import pytest
 
 from jaxsys_kernel import _compat
 from jaxsys_kernel.cluster.launchers import forks
-from jaxsys_kernel.engine import forked, forkserver
+from jaxsys_kernel.engine import forked, forkrequests, forkserver
 
 IMPORTED = {"JAX_PLATFORMS": "cpu"}
 
@@ -141,3 +148,224 @@ def test_the_stand_in_is_run_by_path_without_site():
 
 def test_the_stand_in_asks_for_its_arguments():
     assert forked.main([]) == 2
+
+
+# -- malformed requests, peers and failed forks, on a server in this process ----------------
+
+BAD_BODIES = {
+    "a JSON list": b"[]",
+    "deep nesting": b"[" * 200000,
+    "not UTF-8": b'{"argv": ["\xff\xfe"]}',
+    "not JSON": b"{argv",
+    "argv of numbers": json.dumps({"argv": [1], "env": {}}).encode(),
+    "env of numbers": json.dumps({"argv": [], "env": {"A": 1}}).encode(),
+    "cwd a number": json.dumps({"argv": [], "env": {}, "cwd": 3}).encode(),
+}
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = forkserver.ForkServer(str(tmp_path / "s"), parent_fd=None, kernel_pid=os.getpid())
+    srv.listen()
+    yield srv
+    srv.close()
+
+
+def _client(server) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(server.path)
+    return conn
+
+
+def _send(conn, body: bytes, length: int | None = None, nfds: int = forkrequests.NFDS) -> None:
+    fds = array.array("i", [0, 1, 2, 1][:nfds])
+    header = forkrequests.HEADER.pack(len(body) if length is None else length)
+    conn.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if nfds else [])
+    if body:
+        conn.sendall(body)
+
+
+def _answer(server, conn, timeout: float = 10.0) -> dict:
+    """Turn the server's loop until ``conn`` has its one-line answer."""
+    deadline = time.monotonic() + timeout
+    conn.setblocking(False)
+    data = b""
+    while b"\n" not in data:
+        assert time.monotonic() < deadline, "no answer from the fork server"
+        server.serve_once(0.05)
+        try:
+            data += conn.recv(65536)
+        except BlockingIOError:
+            pass
+    conn.close()
+    return json.loads(data.split(b"\n")[0])
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_BODIES))
+def test_a_malformed_body_is_refused_in_words(server, kind):
+    conn = _client(server)
+    _send(conn, BAD_BODIES[kind])
+    why = _answer(server, conn)["refused"]
+    assert why and "fork server failed" not in why, why
+
+
+@pytest.mark.parametrize(
+    ("send", "named"),
+    [
+        (lambda c: _send(c, b"{}", length=1 << 30), "bytes (at most"),
+        (lambda c: (_send(c, b"{}", length=50), c.shutdown(socket.SHUT_WR)), "ended after"),
+        (lambda c: _send(c, b"{}", nfds=2), "not 2"),
+        (lambda c: _send(c, b"{}", nfds=0), "not 0"),
+        (lambda c: (c.sendall(b"\0\0"), c.shutdown(socket.SHUT_WR)), "ended after 2 bytes"),
+        (lambda c: _send(c, b"{}x", length=2), "bytes follow"),
+    ],
+    ids=["oversize", "truncated", "two fds", "no fds", "half a header", "trailing bytes"],
+)
+def test_a_malformed_frame_is_refused_in_words(server, send, named):
+    conn = _client(server)
+    send(conn)
+    assert named in _answer(server, conn)["refused"]
+
+
+def test_three_hundred_bad_requests_leak_nothing_and_the_next_is_answered(server, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/here")
+    kinds = list(BAD_BODIES.values())
+    before = _open_fds()
+    for i in range(300):
+        conn = _client(server)
+        _send(conn, kinds[i % len(kinds)])
+        assert "refused" in _answer(server, conn)
+    assert _open_fds() == before
+    # The next well-formed request is still read and judged (here: refused on its merits).
+    conn = _client(server)
+    _send(conn, json.dumps({"argv": [], "env": {"PYTHONPATH": "/elsewhere"}}).encode())
+    assert _answer(server, conn) == {"refused": "PYTHONPATH differs"}
+
+
+def test_a_silent_client_does_not_hold_up_the_others(server):
+    server.request_timeout = 0.5
+    silent = _client(server)
+    t0 = time.monotonic()
+    conn = _client(server)
+    _send(conn, b"[]")
+    assert "not an object" in _answer(server, conn)["refused"]
+    assert time.monotonic() - t0 < 0.5, "the server waited on the silent client"
+    assert "no whole request within 0.5 s" in _answer(server, silent)["refused"]
+    assert not server.pending
+
+
+def test_a_process_the_kernel_did_not_start_is_refused(tmp_path):
+    srv = forkserver.ForkServer(str(tmp_path / "s"), parent_fd=None, kernel_pid=1)
+    srv.listen()
+    try:
+        conn = _client(srv)
+        _send(conn, b"{}")
+        why = _answer(srv, conn)["refused"]
+    finally:
+        srv.close()
+    assert f"process {os.getpid()} was not started by the kernel (pid 1)" in why
+
+
+def test_the_peer_check_serves_the_kernel_and_its_children():
+    a, b = socket.socketpair()
+    with a, b:
+        assert forkrequests.peer_refusal(a, os.getpid()) is None
+        assert forkrequests.peer_refusal(a, os.getppid()) is None
+        assert "not started by the kernel" in forkrequests.peer_refusal(a, 1)
+
+
+def test_a_failed_fork_is_refused_so_the_stand_in_starts_a_plain_engine(server, monkeypatch, capfd):
+    def no_fork():
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(forkserver.os, "fork", no_fork)
+    conn = _client(server)
+    result = []
+    asker = threading.Thread(target=lambda: result.append(forked.request_fork(conn, ["-x"])))
+    asker.start()
+    deadline = time.monotonic() + 30
+    while asker.is_alive():
+        assert time.monotonic() < deadline, "the stand-in got no answer"
+        server.serve_once(0.05)
+    conn.close()
+    assert result == [(None, "the fork failed (Resource temporarily unavailable)")]
+    assert "refused a request: the fork failed" in capfd.readouterr().err
+
+
+class _Proc:
+    pid = 4321
+
+    def __init__(self, code=None):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def _kernel_side(tmp_path, log: str, code=None):
+    server = forks.ForkServer.__new__(forks.ForkServer)
+    server.proc, server.log_path, server._failure = _Proc(code), tmp_path / "log", None
+    server.log_path.write_text(log)
+    return server
+
+
+def test_the_status_counts_engines_started_plain_after_a_failed_fork(tmp_path):
+    line = "jaxsys fork server: refused a request: the fork failed (Resource ...)\n"
+    server = _kernel_side(tmp_path, "started\n" + line * 2)
+    assert server.status_line().endswith(
+        "2 engine(s) started plain after a failed fork" + f" (see {server.log_path})"
+    )
+    assert _kernel_side(tmp_path, "").status_line() == "fork server: pid 4321, serving"
+
+
+def test_the_servers_death_is_said_with_what_to_do_and_its_log_kept(tmp_path):
+    server = _kernel_side(tmp_path, "\n".join(f"line {i}" for i in range(40)), code=-9)
+    why = server.failure()
+    assert "the fork server (pid 4321) was killed by SIGKILL" in why
+    assert "%jaxsys restart starts them again as plain engines" in why
+    assert why.endswith("line 39") and "line 27" not in why
+    server.log_path.unlink()  # the profile goes at stop; what was said stays
+    assert server.failure() == why
+    assert server.status_line().startswith("fork server: the fork server (pid 4321) was killed")
+
+
+def test_socket_directories_of_dead_owners_are_removed(tmp_path):
+    dead = _free_pid()
+    stale = tmp_path / f"{forks.SOCKET_DIR_PREFIX}{dead}-abc"
+    mine = tmp_path / f"{forks.SOCKET_DIR_PREFIX}{os.getpid()}-def"
+    for d in (stale, mine):
+        d.mkdir()
+        (d / "s").write_text("")
+    assert forks.remove_stale_socket_dirs(tmp_path) == [stale]
+    assert not stale.exists() and mine.exists()
+
+
+def _free_pid() -> int:
+    """A pid no process has now (the highest free one below the system's limit)."""
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(limit - 1, 1, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            continue
+    raise AssertionError("no free pid")
+
+
+def test_the_fork_socket_is_listed_by_the_security_audit(tmp_path):
+    # Deferred: the audit imports Jupyter's connection helpers, which this file needs nowhere else.
+    from jaxsys_kernel.cluster import audit
+
+    server = types.SimpleNamespace(socket_path=str(tmp_path / "s"), pid=4321)
+    cluster = types.SimpleNamespace(
+        world=types.SimpleNamespace(launcher=types.SimpleNamespace(forks=server))
+    )
+    (endpoint,) = audit._fork_server_endpoints(cluster)
+    assert endpoint.address == server.socket_path and endpoint.pid == 4321
+    assert "fork server" in endpoint.name and endpoint.protection != "nothing"
+    assert "fork server" in audit.format_audit([endpoint])

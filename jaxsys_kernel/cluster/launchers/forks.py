@@ -10,7 +10,9 @@ and the standby fork from it too) and is killed at teardown.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +29,40 @@ STOP_WAIT_S = 5.0
 SERVER_MODULE = "jaxsys_kernel.engine.forkserver"
 # Run by path: the stand-in imports only the standard library (not this package).
 STAND_IN = importlib.util.find_spec("jaxsys_kernel.engine.forked").origin
+# A short directory for the socket, named by its owner's pid so a later start can reap it.
+SOCKET_DIR_PREFIX = "jaxsys-fork-"
+# What the server logs when a fork failed (see the server's FORK_FAILED).
+_FORK_FAILED_LINE = "refused a request: the fork failed"
+_TAIL_LINES = 12
+log = logging.getLogger(__name__)
+
+
+def remove_stale_socket_dirs(base: str | os.PathLike | None = None) -> list[Path]:
+    """Delete socket directories whose owner (the pid in their name) is gone.
+
+    Parameters
+    ----------
+    base : path-like, optional
+        Where they are made; the system temporary directory by default.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The directories removed.
+    """
+    removed = []
+    for path in Path(base or tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
+        owner = path.name.removeprefix(SOCKET_DIR_PREFIX).split("-")[0]
+        if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:
+            pass
+    return removed
 
 
 class ForkServer:
@@ -46,8 +82,10 @@ class ForkServer:
     def __init__(self, profile: Path, env: Mapping[str, str], ready_wait: float):
         self.socket_path = str(profile / "forkserver.sock")
         self._socket_dir = None
+        self._failure: str | None = None
         if len(self.socket_path) > _MAX_SOCKET_PATH:
-            self._socket_dir = tempfile.mkdtemp(prefix="jaxsys-fork-")
+            remove_stale_socket_dirs()
+            self._socket_dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
             self.socket_path = os.path.join(self._socket_dir, "s")
         self.ready_wait = ready_wait
         self.log_path = profile / "forkserver.log"
@@ -79,19 +117,55 @@ class ForkServer:
         ]
 
     def failure(self) -> str | None:
-        """Why the server is not running (its exit and the end of its log), or None."""
-        code = self.proc.poll()
-        if code is None:
-            return None
+        """Why the server is not running, in words with what to do and the end of its log;
+        None while it runs. Once said, it is kept (the log goes with the profile)."""
+        if self._failure is None:
+            code = self.proc.poll()
+            if code is None:
+                return None
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"
+            tail = self._log_tail()
+            self._failure = (
+                f"the fork server (pid {self.proc.pid}) {how}; the engines forked from it "
+                "ended with it: %jaxsys restart starts them again as plain engines"
+                + (f". The end of its log:\n{tail}" if tail else "")
+            )
+        return self._failure
+
+    def _log_tail(self) -> str:
         try:
-            tail = self.log_path.read_text(errors="replace")[-2000:]
+            text = self.log_path.read_text(errors="replace")
         except OSError:
-            tail = ""
-        return f"the fork server exited with {code}" + (f":\n{tail}" if tail else "")
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-_TAIL_LINES:])[-2000:]
+
+    def failed_forks(self) -> int:
+        """How many engines started plain because the server's ``fork()`` failed."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return sum(_FORK_FAILED_LINE in line for line in f)
+        except OSError:
+            return 0
+
+    def status_line(self) -> str:
+        """One line for ``%jaxsys status``: the server's state, failed forks, or its death."""
+        why = self.failure()
+        if why:
+            return "fork server: " + why.split("\n", 1)[0]
+        failed = self.failed_forks()
+        return f"fork server: pid {self.proc.pid}, serving" + (
+            f"; {failed} engine(s) started plain after a failed fork (see {self.log_path})"
+            if failed
+            else ""
+        )
 
     def stop(self) -> None:
         """Kill the server (its forked engines are killed by teardown first) and wait,
         bounded, until it is gone."""
+        why = self.failure()
+        if why:
+            # Said once more before the log goes with the profile.
+            log.warning("%s", why)
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         try:
@@ -108,7 +182,11 @@ class ForkServer:
             except OSError:
                 pass
         if self._socket_dir is not None:
-            try:
-                os.rmdir(self._socket_dir)
-            except OSError:
-                pass
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def status_line(cluster) -> str | None:
+    """The fork server's line for ``%jaxsys status`` (None: the cluster has none)."""
+    launcher = getattr(getattr(cluster, "world", None), "launcher", None)
+    server = getattr(launcher, "forks", None)
+    return server.status_line() if server is not None else None

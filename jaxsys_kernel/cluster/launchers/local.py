@@ -134,5 +134,11 @@ class LocalLauncher(Launcher):
         # Checked directly: the hub notices only after missed heartbeats.
         return p.pid is not None and not pid_alive(p.pid)
 
+    def death_reason(self, p: ProcessInfo) -> str:
+        # A forked engine dies with its fork server: name that death and what to do.
+        why = super().death_reason(p)
+        failed = self.forks.failure() if self.forks is not None else None
+        return f"{why}: {failed}" if failed else why
+
     def dump_stacks(self, ranks, timeout, send_signal, stack_files, telemetry):
         return stacks.local_stacks({r: stack_files(r) for r in ranks}, send_signal, timeout)
