@@ -58,14 +58,28 @@ def state_shardings(cfg: lm.Config, mesh, tx) -> dict:
     return {"params": params, "opt": opt}
 
 
-def init_state(cfg: lm.Config, tx, shardings: dict) -> dict:
+def _fresh(cfg: lm.Config) -> dict:
+    params = lm.init_params(cfg, jax.random.key(cfg.seed))
+    return {"params": params, "opt": optimizer().init(params)}
+
+
+@functools.cache
+def _init_fn(cfg: lm.Config, mesh) -> Callable:
+    return jax.jit(lambda: _fresh(cfg), out_shardings=state_shardings(cfg, mesh, optimizer()))
+
+
+def init_state(cfg: lm.Config, mesh) -> dict:
     """The step-0 state, made directly in its shards (no process ever holds all of it)."""
+    return _init_fn(cfg, mesh)()
 
-    def make():
-        params = lm.init_params(cfg, jax.random.key(cfg.seed))
-        return {"params": params, "opt": tx.init(params)}
 
-    return jax.jit(make, out_shardings=shardings)()
+def abstract_state(cfg: lm.Config, mesh) -> dict:
+    """The state's shapes, dtypes and shardings, without computing it: what a restore fills."""
+    shapes = jax.eval_shape(lambda: _fresh(cfg))
+    where = state_shardings(cfg, mesh, optimizer())
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, where
+    )
 
 
 @functools.cache
@@ -134,15 +148,15 @@ def _save_args(state, it) -> ocp.args.Composite:
     )
 
 
-def restore(mgr: ocp.CheckpointManager, state, it) -> tuple[dict, int]:
-    """The latest checkpoint's state and step (the iterator is moved in place), or the given
-    state and 0 when there is none. Each process reads only its own shards."""
+def restore(mgr: ocp.CheckpointManager, target: dict, it) -> tuple[dict | None, int]:
+    """The latest checkpoint's state and step, or ``(None, 0)`` when there is none.
+
+    ``target`` (from :func:`abstract_state`) says where each array goes: each process reads
+    only its own shards. The Grain iterator ``it`` is moved to the saved position in place.
+    """
     latest = mgr.latest_step()
     if latest is None:
-        return state, 0
-    target = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state
-    )
+        return None, 0
     got = mgr.restore(
         latest,
         args=ocp.args.Composite(
@@ -191,12 +205,13 @@ def train(
     >>> r = train.train(20, "/tmp/lm-ckpt", every=5)  # doctest: +SKIP
     """
     cfg = cfg or lm.Config()
-    mesh, tx = lm.make_mesh(), optimizer()
-    shardings = state_shardings(cfg, mesh, tx)
+    mesh = lm.make_mesh()
     step_fn = make_step(cfg, mesh)
     it = data_iterator(cfg)
     mgr = checkpoint_manager(ckpt_dir, every)
-    state, start = restore(mgr, init_state(cfg, tx, shardings), it)
+    state, start = restore(mgr, abstract_state(cfg, mesh), it)
+    if state is None:
+        state = init_state(cfg, mesh)
     step, loss, preempted, t0 = start, float("nan"), False, time.perf_counter()
     while step < steps:
         state, loss_arr = step_fn(state, global_batch(cfg, mesh, next(it)))

@@ -106,7 +106,6 @@ def _terminate_at(cluster, marks, step: int, sent: list) -> None:
 
 
 def test_sigterm_to_one_process_saves_the_same_step_everywhere(cluster, reference, tmp_path):
-    restart(cluster)  # a fresh world: no preemption notice left from an earlier test
     marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
     marks.mkdir()
     sent: list[int] = []
