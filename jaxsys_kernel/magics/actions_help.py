@@ -13,6 +13,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import contract
+from ..cluster.config import ClusterConfig
 from .actions_args import count, did_you_mean, known_options, seconds
 
 
@@ -115,6 +116,15 @@ def _describe(a: argparse.Action) -> str:
     return kind
 
 
+def _declared_defaults() -> str:
+    """``4, 2 and local``: the declared defaults of hosts, devices per host and launcher."""
+    fields = ClusterConfig.__dataclass_fields__
+    hosts, devices, launcher = (
+        fields[name].default for name in ("hosts", "devices_per_host", "launcher")
+    )
+    return f"{hosts}, {devices} and {launcher}"
+
+
 def overview(actions: Iterable[Action]) -> str:
     """``%jaxsys?``: every action with its usage and one line, then examples."""
     lines = [
@@ -125,7 +135,7 @@ def overview(actions: Iterable[Action]) -> str:
             "``%jaxsys help ACTION`` (or ``%jaxsys ACTION?``, ``%jaxsys ACTION --help``) "
             "shows one action's options with examples. Options left out of ``start`` come "
             f"from ``${contract.HOSTS}``, ``${contract.DEVICES_PER_HOST}`` and "
-            f"``${contract.LAUNCHER}`` (defaults 4, 2 and local).",
+            f"``${contract.LAUNCHER}`` (defaults {_declared_defaults()}).",
             88,
         ),
         "",
