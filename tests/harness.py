@@ -94,6 +94,15 @@ class CellOutput:
     def text(self) -> str:
         return "".join(r.get("text/plain", "") for r in self.results)
 
+    @property
+    def progress(self) -> str:
+        """What progress bars showed: each is a display output updated in place."""
+        return "\n".join(
+            m["content"]["data"].get("text/plain", "")
+            for m in self.messages
+            if m["msg_type"] in ("display_data", "update_display_data")
+        )
+
 
 class Kernel:
     """A jaxsys kernel started through jupyter_client, with a tagged environment."""

@@ -115,6 +115,9 @@ class LineCollator:
     drop : re.Pattern, optional
         Known noise from native libraries: what it matches is cut out of every line, and a
         line with nothing else (or an empty line right after one) is discarded.
+    rename : callable, optional
+        Applied to each complete line before it is matched, so that text naming something
+        each process has its own copy of (its cell's temporary file) can collate.
     """
 
     def __init__(
@@ -126,8 +129,10 @@ class LineCollator:
         collate: bool = True,
         clock: Callable[[], float] = time.monotonic,
         drop: re.Pattern | None = None,
+        rename: Callable[[str], str] | None = None,
     ):
         self.procs = list(procs)
+        self.rename = rename
         self.emit = emit
         self.window = window
         self.collate = collate
@@ -172,6 +177,8 @@ class LineCollator:
         self._partial[proc] = rest
         if self.drop is not None:
             complete = self._without_noise(proc, complete)
+        if self.rename is not None:
+            complete = [self.rename(ln) for ln in complete]
         if not self.collate:
             if complete:
                 self.emit("".join(f"[{format_procs([proc])}] {ln}\n" for ln in complete))

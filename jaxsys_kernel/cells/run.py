@@ -35,6 +35,10 @@ NATIVE_NOISE = re.compile(
     r"|(?:\d+ peer ranks\. )?Expected number of connected peer ranks is : \d+"
 )
 
+# The file an engine compiles a cell as (ipykernel's temporary folder is per process, so
+# every process names the same cell differently; IPython's older form is the same everywhere).
+ENGINE_CELL_FILE = re.compile(r"(?:/[^\s:]*)?/ipykernel_\d+/\d+\.py")
+
 # What the driver does next (Step.kind).
 WAIT = "wait"
 JUDGE = "judge"
@@ -98,6 +102,9 @@ class CellMachine:
         Publish rich displays from every process, not only the first.
     window : float, optional
         How long a line waits for its twins (the collator's default when None).
+    label : str
+        How the cell's own file is named in what the processes print (a warning names the
+        file it was raised in: each engine's temporary copy of the cell, all different).
     """
 
     def __init__(
@@ -111,6 +118,7 @@ class CellMachine:
         collate: bool = True,
         all_displays: bool = False,
         window: float | None = None,
+        label: str = "<cell>",
     ):
         procs = list(procs)
         self.run = CellRun(procs=procs, results={r: ProcResult(rank=r) for r in procs})
@@ -129,7 +137,12 @@ class CellMachine:
         self.phase = "watch"
         self._replied: set[int] = set()
         self._idle: set[int] = set()
-        opts = {"collate": collate, "clock": clock, "drop": NATIVE_NOISE}
+        opts = {
+            "collate": collate,
+            "clock": clock,
+            "drop": NATIVE_NOISE,
+            "rename": lambda line: ENGINE_CELL_FILE.sub(lambda _m: label, line),
+        }
         if window is not None:
             opts["window"] = window
         writers = (("stdout", sink.stdout), ("stderr", sink.stderr))

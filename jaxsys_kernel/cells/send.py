@@ -193,6 +193,7 @@ def execute(
     clock: Callable[[], float] = time.monotonic,
     hooks: dict[str, dict] | None = None,
     known: set | None = None,
+    label: str = "<cell>",
 ) -> CellRun:
     """Run ``code`` on the given processes and stream their output as it arrives.
 
@@ -213,6 +214,8 @@ def execute(
         Engine-side cell hooks, ``{name: options}`` (:mod:`jaxsys_kernel.engine.hooks`);
         with ``divergence`` the processes' dispatches are compared while the cell runs,
         and ``known`` (the entries of earlier cells) gains this cell's.
+    label
+        How the cell's file is named in what the processes print (e.g. ``<cell [7]>``).
 
     Returns
     -------
@@ -229,6 +232,7 @@ def execute(
         collate=collate,
         all_displays=all_displays,
         window=window,
+        label=label,
     )
     code, watch = _with_hooks(cluster, code, procs, hooks, machine, known)
     events = send_cell(cluster, code, procs)

@@ -294,8 +294,8 @@ def test_magic_help_has_examples(kernel, magic):
 def test_world_restart_from_the_kernel(kernel):
     out = kernel.ok("%jaxsys restart", timeout=120)
     assert re.search(r"JAX world ready again in \d+\.\d s", out.stdout)
-    # Progress is not an error: it goes to stdout, one line per stage, rewritten in place.
-    assert "processes initialised 2/2" in out.stdout and out.stderr == ""
+    # Progress is not an error: one output per stage, rewritten in place, none on stderr.
+    assert "processes initialised 2/2" in out.progress and out.stderr == ""
     assert kernel.ok("%%multihost\nimport jax\nprint(jax.device_count())").stdout == "[p0-1] 4\n"
 
 
@@ -482,3 +482,12 @@ def test_dashboard_log_shows_a_refusal_while_a_cell_runs(kernel, tmp_path):
         seen,
     )
     assert kernel._shell_reply(msg_id)["content"]["status"] == "ok"
+
+
+def test_the_same_warning_from_every_process_shows_once(kernel):
+    # Each engine compiles the cell as its own temporary file, which a warning names.
+    out = kernel.ok('%%multihost\nimport warnings\nwarnings.warn("the same on every process")')
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("[p0-1] <cell"), out.stderr
+    assert lines[0].endswith(":2: UserWarning: the same on every process"), out.stderr
+    assert "ipykernel_" not in out.stderr and len(lines) == 2, out.stderr

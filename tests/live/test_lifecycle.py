@@ -114,11 +114,7 @@ def test_first_multihost_cell_starts_the_default_cluster(fresh_tag):
         assert out.status == "ok", out.stderr
         assert out.stdout.endswith("[p0-1] 2 2\n")
         # Progress bars are display outputs updated in place (one output per bar when saved).
-        progress = "\n".join(
-            m["content"]["data"].get("text/plain", "")
-            for m in out.messages
-            if m["msg_type"] in ("display_data", "update_display_data")
-        )
+        progress = out.progress
         assert "engines registered 2/2" in progress and "processes initialised 2/2" in progress
         assert " ready in " in out.stdout and out.stderr == "", out.stderr
     finally:

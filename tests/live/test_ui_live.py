@@ -75,7 +75,7 @@ def test_sidebar_traffic_during_a_cell_never_sets_the_kernels_status(k):
 def test_start_progress_and_ready_line_are_on_stdout(k):
     out = k.execute(START, timeout=180)
     assert out.status == "ok", out.stderr
-    assert " ready in " in out.stdout and "processes initialised 2/2" in out.stdout
+    assert " ready in " in out.stdout and "processes initialised 2/2" in out.progress
     assert out.stderr == "", out.stderr
 
 
