@@ -27,6 +27,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
+from .. import contract
 from . import pki_files as files
 from .pki_files import (
     CA_CERT_NAME,
@@ -330,6 +331,24 @@ class ClusterPKI:
             "JAX_MTLS_PEER_URI_PREFIX": self._peer_uri_prefix,
             "JAX_DISTRIBUTED_VERIFY_SECURE_CREDENTIALS": "1",
         }
+
+    def env_by_rank(self) -> dict[str, str]:
+        """What :meth:`env` gives, for processes that all start with one environment and
+        learn their rank only then (MPI, Slurm): each still loads its own certificate and
+        key, named by a path that the engine completes with its rank.
+
+        Returns
+        -------
+        dict of str to str
+        """
+        env = self.env(0)
+        del env["JAX_MTLS_CERT_FILE"], env["JAX_MTLS_KEY_FILE"]
+        # Placeholders, not process 0's files: a process that cannot fill them in gets
+        # no certificate, and JAX then refuses to join (verify_secure_credentials).
+        field = contract.RANK_FIELD
+        env[contract.MTLS_CERT_TEMPLATE] = str(self.cert_dir / files.cert_name(field))
+        env[contract.MTLS_KEY_TEMPLATE] = str(self.cert_dir / files.key_name(field))
+        return env
 
     def certificate(self, i: int) -> x509.Certificate:
         """The current certificate of process ``i``, read from disk.

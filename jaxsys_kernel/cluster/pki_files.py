@@ -73,11 +73,11 @@ def utc_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.UTC)
 
 
-def cert_name(i: int) -> str:
+def cert_name(i: int | str) -> str:
     return f"process-{i}.pem"
 
 
-def key_name(i: int) -> str:
+def key_name(i: int | str) -> str:
     return f"process-{i}.key"
 
 

@@ -235,6 +235,36 @@ class _EarlyInit:
         self.error: BaseException | None = None
 
 
+def own_credentials() -> None:
+    """Point JAX at this process's own mTLS certificate and key, where the launcher named
+    them by a path to complete with the rank (one environment for every rank: MPI, Slurm).
+
+    Raises
+    ------
+    RuntimeError
+        If the rank is unknown or its certificate or key is missing.
+    """
+    for template_var, option, what in (
+        (contract.MTLS_CERT_TEMPLATE, "jax_mtls_cert_file", "certificate"),
+        (contract.MTLS_KEY_TEMPLATE, "jax_mtls_key_file", "key"),
+    ):
+        template = os.environ.get(template_var)
+        if not template:
+            continue
+        path = template.replace(contract.RANK_FIELD, str(process_rank()))
+        if not os.path.isfile(path):
+            raise RuntimeError(
+                f"process {process_rank()} has no mTLS {what} at {path}: "
+                "the cluster's certificates must be on a filesystem every host shares"
+            )
+        # JAX reads JAX_<OPTION> when it is imported; an engine that imported it already
+        # is told directly.
+        os.environ[option.upper()] = path
+        jax = sys.modules.get("jax")
+        if jax is not None:
+            jax.config.update(option, path)
+
+
 def start_early_init() -> None:
     """Begin ``import jax`` and, if the launcher gave the world's shape, initialisation.
 
@@ -248,7 +278,8 @@ def start_early_init() -> None:
     early = STATE.boot.early = _EarlyInit()
     try:
         env = contract.EngineEnv.from_env()
-    except ValueError as e:
+        own_credentials()
+    except (ValueError, RuntimeError) as e:
         # Handed to the kernel by initialize(), like any other start-up error.
         early.error = e
         early.done.set()
@@ -318,6 +349,7 @@ def initialize(
     rank = process_rank()
     if rank != process_id:
         raise RuntimeError(f"asked to join as process {process_id} but this engine has rank {rank}")
+    own_credentials()
     early = STATE.boot.early
     if early is not None and early.coordinator == coordinator_address:
         if not early.done.wait(timeout):

@@ -16,6 +16,7 @@ from jaxsys_kernel import Cluster
 from jaxsys_kernel.cluster.teardown import launcher_pids
 
 from .. import netns, sshd
+from ..certs import CERT_CELL, assert_one_certificate_per_process
 from ..harness import TAG_VAR, run_on
 
 RANKS_CELL = """
@@ -66,6 +67,8 @@ def test_an_mpi_cluster_takes_ranks_from_mpi_and_leaves_nothing(mpi):
         c.start_sync()
         assert _only_line(run_on(c, RANKS_CELL)) == "mpi rank is process index: True of 3 3"
         assert _only_line(run_on(c, SUM_CELL)) == "total 6.0"
+        # One environment for every rank, and still a certificate of its own for each.
+        assert_one_certificate_per_process(run_on(c, CERT_CELL), 3)
         # One mpiexec runs every rank.
         (es,) = {id(c._launcher.engine_set(r)): c._launcher.engine_set(r) for r in c.ranks}.values()
         family = _family(launcher_pids(es))

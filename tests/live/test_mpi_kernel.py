@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from ..certs import CERT_CELL, assert_one_certificate_per_process
 from ..harness import Kernel, new_tag, status_table, tagged_processes, wait_no_processes
 
 START = "%jaxsys start --launcher mpi --hosts 2 --devices-per-host 1 --env JAX_PLATFORMS=cpu"
@@ -59,6 +60,7 @@ def test_an_mpi_cluster_from_the_kernel(mpi):
         status = k.ok("%jaxsys status").stdout
         assert [row["state"] for row in status_table(status).values()] == ["ready"] * 2, status
         assert re.search(r"^security: .*mTLS", status, re.M), status
+        assert_one_certificate_per_process(k.ok("%%multihost" + CERT_CELL).stdout, 2)
         assert "standby: none" in status, status
         out = k.execute("%%multihost --timeout 1.5\nimport time\ntime.sleep(30)", timeout=60)
         assert out.status == "error" and out.error["ename"] == "MultihostTimeout", out.error

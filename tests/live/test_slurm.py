@@ -17,6 +17,7 @@ import pytest
 from jaxsys_kernel import Cluster
 
 from .. import slurm
+from ..certs import CERT_CELL, assert_one_certificate_per_process
 from ..harness import run_on
 
 SUM_CELL = """
@@ -88,6 +89,8 @@ def test_a_slurm_cluster_spans_the_hosts_and_leaves_nothing(hosts):
         assert [p["address"] for p in c.status()] == hosts.hosts.host_addresses
         assert c.coordinator_address.startswith(hosts.hosts.host_addresses[0] + ":")
         assert _only_line(run_on(c, SUM_CELL)) == "total 6.0 devices 3"
+        # One environment for every rank, and still a certificate of its own for each.
+        assert_one_certificate_per_process(run_on(c, CERT_CELL), 3)
         # The batch script is in the cluster's profile, never in the working directory.
         assert (c.world.profile / "jaxsys-allocation.sbatch").is_file()
         assert not os.path.exists("jaxsys-allocation.sbatch")

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from .. import netns, slurm
+from ..certs import CERT_CELL, assert_one_certificate_per_process
 from ..harness import Kernel, status_table, tagged_processes
 
 START = (
@@ -105,6 +106,7 @@ def test_a_slurm_cluster_from_the_kernel(hosts, tag):
         assert [rows[i]["host"] for i in range(3)] == hosts.node_names, status
         assert [rows[i]["state"] for i in range(3)] == ["ready"] * 3, status
         assert re.search(r"^security: .*mTLS", status, re.M), status
+        assert_one_certificate_per_process(k.ok("%%multihost" + CERT_CELL).stdout, 3)
         # The hang doctor: a cell past its timeout shows where each process is, read
         # from processes on other hosts (their stacks come back over telemetry).
         out = k.execute("%%multihost --timeout 1.5\nimport time\ntime.sleep(30)", timeout=60)

@@ -322,6 +322,22 @@ class Launcher:
             env.update(handshake_trace_env(cfg.user_env(0)))
         return env
 
+    def one_job_env(self, ctx: EngineContext) -> dict[str, str]:
+        """The environment of every rank started in one job (MPI, Slurm), where each
+        process learns its rank from the launcher's variables, and from its rank which
+        certificate and key are its own."""
+        env = self.engine_env(0, ctx)
+        env.pop(contract.PROCESS_ID)
+        if ctx.pki is not None:
+            own, by_rank = ctx.pki.env(0), ctx.pki.env_by_rank()
+            files = set(own) - set(by_rank)
+            # Process 0's files become the paths by rank, unless the user set their own.
+            if all(env.get(name) == own[name] for name in files):
+                for name in files:
+                    del env[name]
+                env.update({k: v for k, v in by_rank.items() if k not in own})
+        return env
+
     def import_env(self) -> dict[str, str]:
         """The settings of every rank that JAX reads (some when it is imported)."""
         cfg = self.config
@@ -361,9 +377,7 @@ class Launcher:
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
         """Start the engines of every rank (without waiting for them to register)."""
-        # MPI and Slurm start every rank in one job; the rank comes from their env.
-        env = self.engine_env(0, ctx)
-        env.pop(contract.PROCESS_ID)
+        env = self.one_job_env(ctx)
         set_id = f"all-i{ctx.incarnation}"
         await self.ipp.start_engines(
             n=self.config.nprocs,

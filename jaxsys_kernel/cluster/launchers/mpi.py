@@ -9,7 +9,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from ... import contract
 from ..allocation import MpiAllocation
 from ..records import ClusterStartError
 from .base import Launcher
@@ -123,8 +122,7 @@ class MpiLauncher(Launcher):
 
     async def launch(self, ctx, report) -> None:
         """Start every rank with one ``mpiexec``, which exports the engines' variables."""
-        env = self.engine_env(0, ctx)
-        env.pop(contract.PROCESS_ID)
+        env = self.one_job_env(ctx)
         env.update(self.exports(env))
         set_id = f"all-i{ctx.incarnation}"
         await self.ipp.start_engines(

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import contract
 from ..allocation import AllocationEndedError
 from ..allocation_slurm import SlurmAllocation, batch_script, kill_steps
 from ..records import ClusterStartError
@@ -106,8 +105,7 @@ class SlurmLauncher(Launcher):
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
         await asyncio.to_thread(self._acquire, ctx, report)
-        env = self.engine_env(0, ctx)
-        env.pop(contract.PROCESS_ID)
+        env = self.one_job_env(ctx)
         set_id = f"all-i{ctx.incarnation}"
         await self.ipp.start_engines(
             n=self.config.nprocs,
