@@ -36,11 +36,18 @@ def clock() -> float:
     return time.time()
 
 
+def _trace_root() -> str | None:
+    """The cluster's own directory where this host has it, so that stopping the cluster
+    removes a trace the kernel never fetched; else the system's temporary directory."""
+    base = os.environ.get("IPP_PROFILE_DIR", "")
+    return base if base and os.path.isdir(base) and os.access(base, os.W_OK) else None
+
+
 def start(options: dict) -> dict:
     """Start ``jax.profiler`` for this process (the hook's ``before``)."""
     if STATE.profile_running is not None:
         raise RuntimeError("a profile is already running on this process; stop it first")
-    base = tempfile.mkdtemp(prefix=f"jaxsys-trace-p{jax.process_index()}-")
+    base = tempfile.mkdtemp(prefix=f"jaxsys-trace-p{jax.process_index()}-", dir=_trace_root())
     jax.profiler.start_trace(base, create_perfetto_trace=True)
     wall = time.time()
     with jax.profiler.TraceAnnotation(MARK):
@@ -56,11 +63,11 @@ def stop(state: dict | None = None, _exc: BaseException | None = None) -> dict |
     state, STATE.profile_running = STATE.profile_running, None
     jax.profiler.stop_trace()
     found = glob.glob(os.path.join(state["dir"], "**", "perfetto_trace.json.gz"), recursive=True)
+    discard()
     if not found:
         print(f"jaxsys: jax.profiler wrote no Perfetto trace in {state['dir']}", file=sys.stderr)
+        shutil.rmtree(state["dir"], ignore_errors=True)
         return None
-    if STATE.profile_last is not None:
-        shutil.rmtree(STATE.profile_last["dir"], ignore_errors=True)
     STATE.profile_last = {**state, "path": found[0], "size": os.path.getsize(found[0])}
     return STATE.profile_last
 
@@ -81,6 +88,15 @@ def read_trace(offset: int, size: int = CHUNK) -> bytes:
         return f.read(min(size, CHUNK))
 
 
+def discard() -> bool:
+    """Remove the last trace's directory (the kernel has fetched it); True if there was one."""
+    if STATE.profile_last is None:
+        return False
+    shutil.rmtree(STATE.profile_last["dir"], ignore_errors=True)
+    STATE.profile_last = None
+    return True
+
+
 hooks.register(hooks.Hook("profile", start, stop, stop))
 
-__all__ = ["CHUNK", "MARK", "clock", "read_trace", "start", "stop", "trace_info"]
+__all__ = ["CHUNK", "MARK", "clock", "discard", "read_trace", "start", "stop", "trace_info"]

@@ -27,7 +27,7 @@ ENGINE_FUNCTIONS: dict[str, frozenset[str]] = {
     "guards": frozenset({"set_transfer_guard", "state", "arm_thread_guard"}),
     "barrier": frozenset({"wait"}),
     "output": frozenset({"log_tail", "log_path"}),
-    "profiling": frozenset({"clock", "trace_info", "read_trace", "start", "stop"}),
+    "profiling": frozenset({"clock", "discard", "trace_info", "read_trace", "start", "stop"}),
 }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -18,13 +17,26 @@ profiling = engine_module("profiling")
 
 @magic_arguments("jaxsys profile")
 @argument("mode", choices=("start", "stop"), metavar="start|stop", help="start or stop profiling")
+@argument(
+    "--dir",
+    default=None,
+    metavar="PATH",
+    help="with stop: save the merged trace in PATH "
+    "(default: jaxsys-traces in the notebook's directory)",
+)
 def profile(session, args: argparse.Namespace) -> None:
     """Profile every process from ``start`` to ``stop``, then show one merged timeline.
 
     Each process runs ``jax.profiler`` on its own; ``stop`` brings the traces to the kernel
     over the cluster's own channels, aligns their clocks with the kernel's, merges them
-    into one Perfetto trace (a track group per process) saved in the cluster's directory,
-    and shows a timeline view. ``%%multihost --profile`` does the same for one cell.
+    into one Perfetto trace (a track group per process) and shows a timeline view.
+    ``%%multihost --profile`` does the same for one cell.
+
+    The merged trace is saved in ``jaxsys-traces/`` in the kernel's working directory (the
+    notebook's, under Jupyter), or in ``--dir PATH``, and is kept after ``%jaxsys stop``;
+    the line under the cell names the file. Each process's own trace is removed once the
+    kernel has it. A trace over the kernel's limits (size, decompressed size, events) is
+    left out, and the line says which process and which limit.
 
     Examples
     --------
@@ -32,6 +44,7 @@ def profile(session, args: argparse.Namespace) -> None:
 
         %jaxsys profile start
         %jaxsys profile stop
+        %jaxsys profile stop --dir ~/traces
     """
     cluster = session.require_cluster()
     ranks = cluster.ranks
@@ -51,4 +64,4 @@ def profile(session, args: argparse.Namespace) -> None:
             "no profile to stop on every process (%jaxsys profile start first); "
             f"answers: {calls.results}, errors: {calls.errors}"
         )
-    timeline.show(timeline.collect(cluster, ranks, time.strftime("profile-%H%M%S")))
+    timeline.after_cell(cluster, ranks, args.dir or True, name="profile")

@@ -68,7 +68,8 @@ def cell_options(args) -> dict:
         "force": args.force,
         "thread_guard": True if args.thread_guard else None,
         "check": False if args.no_check else None,
-        "profile": args.profile,
+        # A directory implies --profile; run_cell takes it in place of True.
+        "profile": args.profile_dir or args.profile,
     }
 
 
@@ -141,6 +142,13 @@ class JaxSysMagics(Magics):
         "--profile",
         action="store_true",
         help="run jax.profiler on the processes and show one merged timeline of them",
+    )
+    @argument(
+        "--profile-dir",
+        default=None,
+        metavar="PATH",
+        help="profile (as --profile) and save the merged trace in PATH "
+        "(default: jaxsys-traces in the notebook's directory)",
     )
     @argument(
         "--no-check",

@@ -10,7 +10,6 @@ stop, restarts, certificates), :class:`~.dashboard_wiring.DashboardWiring`,
 from __future__ import annotations
 
 import sys
-import time
 
 from IPython.core.error import UsageError
 
@@ -97,7 +96,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         force: bool = False,
         thread_guard: bool | None = None,
         check: bool | None = None,
-        profile: bool = False,
+        profile: bool | str = False,
     ) -> cells.CellResult | None:
         """Run a cell on the selected processes; raise if any of them failed.
 
@@ -140,17 +139,18 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         finally:
             self.broken = policy.broken or self.broken
         if profile and run.hang_action is None:
-            timeline.show(timeline.collect(cluster, ranks, time.strftime("cell-%H%M%S")))
+            # Never raises: the cell's own results come next whatever happens to the trace.
+            timeline.after_cell(cluster, ranks, profile)
         self._after_run(run)
         return cells.cell_result(run, sink)
 
-    def _hooks(self, thread_guard: bool | None, check: bool | None, profile: bool) -> dict:
+    def _hooks(self, thread_guard: bool | None, check: bool | None, profile) -> dict:
         """The engine-side hooks a cell runs under: the session's defaults unless the
         cell's options say otherwise."""
         wanted = {
             "thread_guard": self.thread_guard if thread_guard is None else thread_guard,
             "divergence": self.divergence if check is None else check,
-            "profile": profile,
+            "profile": bool(profile),
         }
         return {name: {} for name, on in wanted.items() if on}
 

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from jaxsys_kernel.cells import timeline
-from jaxsys_kernel.errors import CellError
 
 
 def trace(mark_ts: float, extra: list[dict]) -> bytes:
@@ -70,7 +69,7 @@ def test_summary_keeps_executables_collectives_and_cell_lines_per_process():
 
 def test_a_trace_without_the_start_mark_is_refused():
     bad = gzip.compress(json.dumps({"traceEvents": [span("x", 1.0, 1.0)]}).encode())
-    with pytest.raises(CellError, match="no start mark"):
+    with pytest.raises(timeline.TraceRefused, match="no start mark"):
         timeline.merge({0: timeline.Fetched(0, bad, 0.0)}, {0: timeline.Offset(0.0, 0.0)})
 
 
