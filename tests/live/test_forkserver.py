@@ -242,6 +242,16 @@ def test_the_fork_servers_death_is_reported_with_what_to_do(pair):
     assert f"the fork server (pid {server.pid}) was killed by SIGKILL" in said
     assert "%jaxsys restart" in said
     assert forks.status_line(pair).startswith(f"fork server: the fork server (pid {server.pid})")
+    # What it says to do works: the next world is plain engines, and a later death of one
+    # of them is not blamed on the fork server.
+    pair.restart_sync()
+    assert pair.world.view.apply_sync(_sum_of_ranks) == [1, 1]
+    os.kill(pair.processes[1].pid, signal.SIGKILL)
+    _wait(
+        lambda: pair.refresh_states() or pair.processes[1].state == "dead",
+        "the killed plain engine to be seen dead",
+    )
+    assert "fork server" not in pair.processes[1].died, pair.processes[1].died
     # The stop (the fixture's kill) leaves no process.
 
 

@@ -40,6 +40,7 @@ class LocalLauncher(Launcher):
     def __init__(self, config):
         super().__init__(config)
         self.forks: ForkServer | None = None
+        self._plain_after_forks: set[int] = set()
 
     def _controller_kwargs(self) -> dict[str, Any]:
         return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
@@ -110,8 +111,11 @@ class LocalLauncher(Launcher):
         if prefix:
             # Another namespace or CPU set: a process of its own, not a fork of the server.
             kwargs["engine_cmd"] = [*prefix, sys.executable, "-m", "ipyparallel.engine"]
-        elif self.forks is not None:
+        elif self.forks is not None and self.forks.failure() is None:
             kwargs["engine_cmd"] = self.forks.engine_cmd()
+        elif self.forks is not None:
+            # The server died: this rank is a plain engine now (see death_reason).
+            self._plain_after_forks.add(rank)
         await self.ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
         if engine_id is None:
             self.engine_sets[rank] = set_id
@@ -135,10 +139,13 @@ class LocalLauncher(Launcher):
         return p.pid is not None and not pid_alive(p.pid)
 
     def death_reason(self, p: ProcessInfo) -> str:
-        # A forked engine dies with its fork server: name that death and what to do.
+        # A forked engine dies with its fork server: name that death and what to do. An
+        # engine started after the server died is a plain one: not its cause.
         why = super().death_reason(p)
         failed = self.forks.failure() if self.forks is not None else None
-        return f"{why}: {failed}" if failed else why
+        if failed and p.rank not in self._plain_after_forks:
+            return f"{why}: {failed}"
+        return why
 
     def dump_stacks(self, ranks, timeout, send_signal, stack_files, telemetry):
         return stacks.local_stacks({r: stack_files(r) for r in ranks}, send_signal, timeout)
