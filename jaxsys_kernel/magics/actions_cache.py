@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 import weakref
+from types import SimpleNamespace
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -150,6 +151,21 @@ def _live_view(session, hub):
     return view
 
 
+def _live_thresholds(cluster, stats: list) -> list:
+    """The thresholds as each process holds them now: a cell may have changed them with
+    ``jax.config.update`` since the process last reported its set-up."""
+    live = ask(cluster, [s.rank for s in stats], engine_cache.describe, 0)
+    now = {rank: (answer or {}).get("config") or {} for rank, answer in live.items()}
+    return [
+        SimpleNamespace(
+            rank=s.rank,
+            min_compile_secs=now.get(s.rank, {}).get("min_compile_secs", s.min_compile_secs),
+            min_entry_bytes=now.get(s.rank, {}).get("min_entry_bytes", s.min_entry_bytes),
+        )
+        for s in stats
+    ]
+
+
 def _stats(cluster) -> list:
     hub = cluster.telemetry
     return [] if hub is None else hub.cache_stats()
@@ -223,7 +239,7 @@ def cache(session, args: argparse.Namespace) -> Any:
         print(format_entries(listing, listing.get("jaxlib")))
     stats = _stats(cluster)
     if stats:
-        print(format_thresholds(stats))
+        print(format_thresholds(_live_thresholds(cluster, stats)))
         for s in stats:
             print(format_process(s))
     if cluster.telemetry is None:

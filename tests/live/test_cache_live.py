@@ -151,6 +151,17 @@ def test_thresholds_are_set_on_every_process_and_shown(world, capsys):
     assert world["cluster"].env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
 
 
+def test_thresholds_shown_are_the_ones_a_cell_set_itself(world, capsys):
+    # A user may set JAX's option in a cell, not through %jaxsys cache: the view must say
+    # what each process holds now, not what it reported at start.
+    run(world["cluster"], "import jax\njax.config.update('jax_persistent_cache_min_compile_time_secs', 2.5)")
+    try:
+        out, _ = action(world["session"], capsys)
+        assert "[p0-1] an entry is written when its compile took at least 2.5 s" in out, out
+    finally:
+        action(world["session"], capsys, min_compile_secs=0.0)
+
+
 def test_export_card_then_save(world):
     path = str(world["files"] / "predict.jaxexport")
     run(world["cluster"], TRAIN)
