@@ -328,7 +328,9 @@ def collect(cluster, ranks: Sequence[int], name: str, directory=None, limits: Li
     t0 = time.perf_counter()
     try:
         offsets = measure_offsets(cluster, ranks)
+        clocks_s = time.perf_counter() - t0
         merger, sizes, fetch_s = _fetch_and_merge(cluster, ranks, offsets, limits)
+        fetch_s += clocks_s
     finally:
         cluster.call(list(ranks), profiling.discard, timeout=30.0)
     if not merger.offsets:

@@ -97,15 +97,15 @@ for _ in range(3):
 """
 
 
-def test_profile_start_and_stop_merge_one_trace_with_a_group_per_process(k):
+def test_profile_start_and_stop_merge_one_trace_with_a_group_per_process(k, tmp_path):
     started = k.ok("%jaxsys profile start")
     assert "profiling processes [0, 1, 2]" in started.stdout, started.stdout
     k.ok(PROFILED)
-    stopped = k.ok("%jaxsys profile stop", timeout=180)
+    stopped = k.ok(f"%jaxsys profile stop --dir {tmp_path}", timeout=180)
     m = re.search(r"merged trace: (\S+\.trace\.json\.gz) ", stopped.stdout)
     assert m, stopped.stdout
     path = Path(m.group(1))
-    assert path.parent.name == "traces" and path.name.startswith("profile-"), path
+    assert path.parent == tmp_path and path.name.startswith("profile-"), path
     assert re.search(r"clocks aligned to the kernel's within [0-9.]+ ms", stopped.stdout)
     with gzip.open(path, "rt") as f:
         events = json.load(f)["traceEvents"]
@@ -124,3 +124,18 @@ def test_profile_stop_without_start_says_what_to_do(k):
     out = k.execute("%jaxsys profile stop", timeout=60)
     assert out.status == "error", out.stdout
     assert "%jaxsys profile start first" in f"{out.error} {out.stderr}", (out.error, out.stderr)
+
+
+def test_a_profiled_cell_saves_its_trace_where_asked_and_shows_its_value(k, tmp_path):
+    out = k.ok(
+        f"%%multihost --profile-dir {tmp_path}\n"
+        "@jax.jit\n"
+        "def profiled_here(v):\n"
+        "    return jnp.sum(v)\n"
+        "float(profiled_here(global_rows(2)))\n",
+        timeout=180,
+    )
+    m = re.search(r"merged trace: (\S+\.trace\.json\.gz) ", out.stdout)
+    assert m and Path(m.group(1)).parent == tmp_path, out.stdout
+    assert Path(m.group(1)).name.startswith("cell-"), m.group(1)
+    assert any("6.0" in str(r) or "24.0" in str(r) for r in out.results), out.results
