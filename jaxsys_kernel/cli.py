@@ -26,7 +26,7 @@ from .cluster import Cluster
 from .cluster.allocation import state_dir
 from .cluster.config import ClusterConfig
 from .cluster.options import OVERRIDES_VARIABLE, checked, jsonable, kernelspec_layer, merge_layers
-from .cluster.teardown import pid_alive
+from .cluster.teardown import pid_alive, start_time, still_ours
 from .errors import ConfigError
 from .job.cli import add_parser as add_job_parser
 from .job.cli import cmd_job
@@ -183,7 +183,9 @@ def _serve_cluster(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    state = {"name": args.name, "pid": os.getpid(), "state": "starting"}
+    # With its start time: a later stop signals the pid only while it still names this.
+    state = {"name": args.name, "pid": os.getpid(), "started": start_time(os.getpid())}
+    state["state"] = "starting"
     state_file.write_text(json.dumps(state))
     try:
         cluster.start_sync()
@@ -238,7 +240,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     state = json.loads(state_file.read_text())
     if args.action == "status":
         return _print_cluster_status(args.name, state)
-    _stop_background(args.name, state.get("pid"))
+    started = state.get("started")
+    if not isinstance(started, (int, float)) or isinstance(started, bool):
+        started = None
+    _stop_background(args.name, state.get("pid"), started)
     state_file.unlink(missing_ok=True)
     return 0
 
@@ -321,14 +326,23 @@ def _print_cluster_status(name: str, state: dict) -> int:
     return 0 if alive and state.get("state") == "ready" else 1
 
 
-def _stop_background(name: str, pid: int | None) -> None:
+def _server_alive(pid: int | None, started: float | None) -> bool:
+    """Whether the cluster's server still runs under ``pid`` (not another process that was
+    given its pid since)."""
+    return pid_alive(pid) and (started is None or still_ours(pid, started))
+
+
+def _stop_background(name: str, pid: int | None, started: float | None = None) -> None:
     # The server tears its cluster down on SIGTERM; SIGKILL only if it does not within 10 s.
-    if pid_alive(pid):
+    if pid_alive(pid) and not _server_alive(pid, started):
+        print(f"jaxsys: cluster {name!r} had already stopped (pid {pid} is another process now)")
+        return
+    if _server_alive(pid, started):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if pid_alive(pid):
+        if _server_alive(pid, started):
             os.kill(pid, signal.SIGKILL)
     print(f"jaxsys: cluster {name!r} stopped")
 
