@@ -154,8 +154,10 @@ def _live_view(session, hub):
 def _live_thresholds(cluster, stats: list) -> list:
     """The thresholds as each process holds them now: a cell may have changed them with
     ``jax.config.update`` since the process last reported its set-up."""
-    live = ask(cluster, [s.rank for s in stats], engine_cache.describe, 0)
-    now = {rank: (answer or {}).get("config") or {} for rank, answer in live.items()}
+    # Setting nothing makes each process report its set-up again (the live view's rows
+    # follow) and answer it.
+    live = ask(cluster, [s.rank for s in stats], engine_cache.set_thresholds)
+    now = {rank: answer or {} for rank, answer in live.items()}
     return [
         SimpleNamespace(
             rank=s.rank,
