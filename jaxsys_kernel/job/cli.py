@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
+import re
+import secrets
 import shlex
 import sys
 from pathlib import Path
@@ -13,7 +16,7 @@ from ..cluster.config import ClusterConfig
 from ..cluster.launchers import DEFAULT, launcher_class
 from ..cluster.options import kernelspec_layer
 from ..errors import ConfigError
-from .prepare import job_setup
+from .prepare import job_id, job_setup
 from .program import from_notebook, render
 from .run import run_job
 
@@ -65,10 +68,16 @@ def cmd_job(args: argparse.Namespace) -> int:
         # Launchers that run a process per named host (ssh) need the names.
         options["host_names"] = list(named)
     try:
-        files, command = launcher.batch_job(program, prog.hosts, out, options)
-    except NotImplementedError as e:
+        check_options(options)
+        cancel = _name_batch_job(options, out)
+        # Named from the job's folder, where the command runs: no path of this machine is
+        # written into the job's files, which may name it only in quotes.
+        files, command = launcher.batch_job(Path(program.name), prog.hosts, Path("."), options)
+    except (ConfigError, NotImplementedError) as e:
         print(f"jaxsys job: {e}", file=sys.stderr)
         return 2
+    if command[:1] != ["sbatch"]:
+        cancel = None  # no scheduler's job outlives the command
     for name, text in files.items():
         (out / name).write_text(text)
     print(f"jaxsys job: {program} ({len(prog.cells)} cells, {len(prog.left_out)} left out)")
@@ -77,11 +86,53 @@ def cmd_job(args: argparse.Namespace) -> int:
     print(f"run with: (cd {shlex.quote(str(out))} && {shlex.join(command)})")
     if not args.submit:
         return 0
-    result = run_job(prog, command, out, args.timeout)
+    result = run_job(prog, command, out, args.timeout, cancel)
     print(result.log, end="")
     print(f"jaxsys job: the collated output is in {out / 'job.log'}")
     for index, ranks in result.failures.items():
         print(f"jaxsys job: cell {index} failed on {format_procs(ranks)}", file=sys.stderr)
     if result.exit_code and not result.failures:
-        print(f"jaxsys job: the job exited with code {result.exit_code}", file=sys.stderr)
+        print(f"jaxsys job: {result.ending} (exit code {result.exit_code})", file=sys.stderr)
     return result.exit_code
+
+
+# The flags of the launcher options that end up in a script or a remote command line.
+_FLAGS = {
+    "partition": "--partition",
+    "time": "--time",
+    "account": "--account",
+    "qos": "--qos",
+    "sbatch_args": "--sbatch-arg",
+    "srun_args": "srun_args",
+    "ssh_args": "--ssh-arg",
+    "hostfile": "--hostfile",
+}
+
+
+def check_options(options: dict) -> None:
+    """Refuse a launcher option with a line break or another control character: in a batch
+    script it would start a line of its own, which the shell runs.
+
+    Raises
+    ------
+    ConfigError
+        Naming the option and the character.
+    """
+    for key, value in options.items():
+        for text in value if isinstance(value, list | tuple) else [value]:
+            bad = re.search(r"[\x00-\x1f\x7f]", text) if isinstance(text, str) else None
+            if bad:
+                raise ConfigError(
+                    f"{_FLAGS.get(key, key)} {text!r} holds the control character "
+                    f"{bad.group()!r} (a line break would add a line to the job's script): "
+                    "give each option on one line"
+                )
+
+
+def _name_batch_job(options: dict, out: Path) -> list[str]:
+    """Give a batch job a name of its own, made of characters that need no quoting (the
+    launchers that submit one with sbatch take ``sbatch_args``, and a later ``#SBATCH``
+    line wins over an earlier one; the others ignore them); the command that cancels it."""
+    name = f"jaxsys-{job_id(out)}-{secrets.token_hex(4)}"
+    options["sbatch_args"] = [*options.get("sbatch_args", []), f"--job-name={name}"]
+    return ["scancel", f"--name={name}", f"--user={getpass.getuser()}"]

@@ -2,11 +2,17 @@
 
 ``python -m jaxsys_kernel.job.local PROGRAM N OUT_DIR``: process ``i`` writes its output to
 ``OUT_DIR/p{i}.out``. When one process fails, the others get a moment to print their own
-errors and are then killed, so that none waits forever in a collective for it.
+errors and are then killed, so that none waits forever in a collective for it. Each process
+runs in a process group of its own, and the whole group is killed: what its cells started
+goes with it. SIGTERM or SIGINT to this runner, or its parent's death, kills them all too.
+How each process ended is written to ``OUT_DIR/exit-codes.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
 import signal
 import socket
@@ -15,8 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from .program import EXIT_CODES
+
 # Seconds the other processes keep running after one failed.
 GRACE_S = 3.0
+# Linux's prctl option that sends a signal to a process when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 def _free_port() -> int:
@@ -25,10 +35,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    # In the child before it runs the program: if this runner is killed outright, its
+    # processes go too (Linux; elsewhere the runner's own handlers are all there is).
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def run(program: str, n: int, out_dir: Path) -> int:
     """Run the processes; the exit code is the first failing process's, or 0."""
     coordinator = f"127.0.0.1:{_free_port()}"
     procs = []
+    stopping = Stopping()
     for rank in range(n):
         env = {
             **os.environ,
@@ -42,36 +60,78 @@ def run(program: str, n: int, out_dir: Path) -> int:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, program], env=env, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True, preexec_fn=_die_with_parent,
                 )
             )  # fmt: skip
-    return supervise(procs, _kill_groups)
+    code, first = supervise(procs, _kill_groups, stopping)
+    write_exit_codes(out_dir, procs, first)
+    return code
+
+
+def write_exit_codes(out_dir: Path, procs: list[subprocess.Popen], first: int | None) -> None:
+    """How each process ended, and which failed first, for ``jaxsys job``'s last line."""
+    codes = {"codes": [p.returncode for p in procs], "first": first}
+    (out_dir / EXIT_CODES).write_text(json.dumps(codes))
 
 
 def _kill_groups(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        if p.poll() is None:
+        # Also when the process itself has ended: what its cells started may not have.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGKILL)
 
 
-def supervise(procs: list[subprocess.Popen], kill) -> int:
+class Stopping:
+    """Whether this runner was asked to stop (SIGTERM, SIGINT) or lost its parent."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._parent = os.getppid()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._note)
+
+    def _note(self, signum, _frame) -> None:
+        self.signal = signum
+
+    def __bool__(self) -> bool:
+        return self.signal is not None or os.getppid() != self._parent
+
+
+def supervise(
+    procs: list[subprocess.Popen], kill, stopping: Stopping | None = None
+) -> tuple[int, int | None]:
     """Wait for the processes; once one has failed, give the others :data:`GRACE_S`, then
-    ``kill(procs)``. The exit code is the first failing process's, or 0."""
-    failed_at = None
+    ``kill(procs)``; when ``stopping`` turns true, kill them at once.
+
+    Returns
+    -------
+    tuple
+        The exit code (the first failing process's, or 0; 128 and the signal's number when
+        stopped), and the index of the first process that failed (None if none did).
+    """
+    failed_at = first = None
     code = 0
     # Every process is polled each round (any() would stop at the first one running, and
     # never see a later one fail while the first waits for it in a collective).
     while [p.poll() for p in procs].count(None):
-        bad = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        bad = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
         if bad and failed_at is None:
-            failed_at, code = time.monotonic(), bad[0]
-        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
-            kill(procs)
-            for p in procs:
-                p.wait()
+            failed_at, first = time.monotonic(), bad[0]
+            code = procs[first].returncode
+        if stopping or (failed_at is not None and time.monotonic() - failed_at > GRACE_S):
             break
         time.sleep(0.05)
-    return code or next((p.returncode for p in procs if p.returncode), 0)
+    # Every time, also after all have ended: a cell may have started a process of its own.
+    kill(procs)
+    for p in procs:
+        p.wait()
+    if first is None:
+        first = next((i for i, p in enumerate(procs) if p.returncode), None)
+    if stopping:
+        return 128 + (stopping.signal or signal.SIGTERM), first
+    code = code or next((p.returncode for p in procs if p.returncode), 0)
+    # A process killed by a signal: as a shell reports it (an exit status is 0-255).
+    return (128 - code if code < 0 else code), first
 
 
 if __name__ == "__main__":

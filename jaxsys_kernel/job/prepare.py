@@ -5,17 +5,20 @@ CA, a compilation cache directory, JAX's heartbeat timeout and recoverability
 (``Launcher.engine_env``). :func:`job_setup` makes the same for a job from the same
 options (``ClusterConfig``): a per-job CA and one certificate per process in the job's
 directory (``OUT/pki``, keys 0600), and the variables each process sets before it imports
-JAX.
+JAX. The CA's own key is not kept: the processes need only its certificate, and nothing
+issues certificates for the job later. The files are named relative to the job's directory,
+so that the directory can be moved or copied to a cluster as it is.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from ..cluster.config import ClusterConfig
 from ..cluster.security import make_pki
-from .program import JobSetup, Program
+from .program import PATH_VARIABLES, JobSetup, Program
 
 
 def job_id(out: Path) -> str:
@@ -48,8 +51,11 @@ def job_setup(prog: Program, out: Path) -> JobSetup:
     if cfg.secure:
         hosts = cfg.kind(cfg).certificate_hosts()
         pki = make_pki(out, job_id(out), cfg.nprocs, hosts, cfg.ca_file, cfg.cert_dir)
+        if cfg.ca_file is None:
+            # A new CA of this job's own: its key signed the certificates and is no more use.
+            (out / "pki" / "ca.key").unlink(missing_ok=True)
         for rank in cfg.ranks:
-            process_env[rank] = {**pki.env(rank), **process_env[rank]}
+            process_env[rank] = {**_relative(pki.env(rank), out), **process_env[rank]}
     return JobSetup(
         env=env,
         process_env={r: e for r, e in process_env.items() if e},
@@ -57,3 +63,14 @@ def job_setup(prog: Program, out: Path) -> JobSetup:
         heartbeat=None if cfg.heartbeat_timeout is None else float(cfg.heartbeat_timeout),
         cert_dir=None if pki is None else str(pki.cert_dir),
     )
+
+
+def _relative(env: dict[str, str], out: Path) -> dict[str, str]:
+    """``env`` with the files inside ``out`` named relative to it (others as they are)."""
+    root = out.resolve()
+    named = {}
+    for name, value in env.items():
+        path = Path(value).resolve() if name in PATH_VARIABLES else None
+        inside = path is not None and path.is_relative_to(root)
+        named[name] = os.path.relpath(path, root) if inside else value
+    return named

@@ -26,9 +26,17 @@ from ..cluster.options import merge_layers
 from ..contract import RANK_VARIABLES
 from ..errors import ConfigError
 
-# What the program prints (alone on a line) where a cell begins and where one failed.
+# What the program prints (alone on a line) where a cell begins, where one failed, and
+# where a process stops because another one failed or died (its cell, then why).
 CELL_MARK = "\x1ejaxsys-cell "
 ERROR_MARK = "\x1ejaxsys-error "
+STOP_MARK = "\x1ejaxsys-stop "
+# Where a runner of jaxsys_kernel.job writes each process's exit code (a signal as its
+# negative number; null if unknown) and which process failed first.
+EXIT_CODES = "exit-codes.json"
+# The variables of a process's mTLS files: a path relative to the job's folder is taken
+# from the program's own folder, so that the folder can be moved or copied as it is.
+PATH_VARIABLES = ("JAX_MTLS_CERT_FILE", "JAX_MTLS_KEY_FILE", "JAX_MTLS_CA_FILE")
 
 
 @dataclass
@@ -250,6 +258,7 @@ import ast
 import os
 import signal
 import sys
+import time
 import traceback
 
 RANK_VARIABLES = {rank_variables!r}
@@ -275,9 +284,13 @@ def _first(names):
 RANK, SIZE = _first(RANK_VARIABLES), _first(SIZE_VARIABLES)
 if PROCESS_ENV and RANK not in PROCESS_ENV:
     sys.exit(f"no certificate for process {{RANK}}: run this program with its launcher's command")
-# Before JAX is imported: it reads its JAX_* options from the environment then.
+# Before JAX is imported: it reads its JAX_* options from the environment then. The job's
+# files are named relative to this program's folder, wherever it has been moved.
+HERE = os.path.dirname(os.path.abspath(__file__))
+PATH_VARIABLES = {path_variables!r}
 os.environ.update(ENV)
-os.environ.update(PROCESS_ENV.get(RANK, {{}}))
+for _name, _value in PROCESS_ENV.get(RANK, {{}}).items():
+    os.environ[_name] = os.path.join(HERE, _value) if _name in PATH_VARIABLES else _value
 # Each process simulates its CPU devices (ignored where accelerators decide).
 os.environ.setdefault("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={{DEVICES_PER_HOST}}"
@@ -323,6 +336,57 @@ _FOOTER = """\
 ]
 
 G = {{"__name__": "__main__"}}
+# The coordination service's client (private in JAX 0.12, as in jaxsys_kernel/engine/
+# barrier.py): its key-value store is where each process says how each cell ended for it.
+from jax._src import distributed as _distributed  # noqa: E402
+
+CLIENT = _distributed.global_state.client
+# Milliseconds a wait for one missing process's status lasts before the others' are read
+# again (not a sleep: the wait ends when the status arrives).
+WATCH_MS = 200
+# Seconds a failing process waits for the others to read its status: process 0 serves the
+# coordination service, and when it leaves at once the others only learn that it is gone.
+FAIL_WAIT_S = 2.0
+
+
+def stop(index, why):
+    # Why this process ends at this cell, for the job's log; then leave at once.
+    print({stop_mark!r} + f"{{index}} {{why}}", flush=True)
+    os._exit(1)
+
+
+def cell_barrier(index, failed):
+    # A cell's end is a sync point, as in a notebook: say how the cell ended here, then wait
+    # until every process has said so; stop when one failed. A process that died says
+    # nothing: its launcher ends the others (jaxsys job's runners, srun, mpiexec), as does
+    # the coordination service once its heartbeats stop. (Asking the service which
+    # processes live would wait for every process to ask too.)
+    if SIZE == 1:
+        return
+    prefix = f"jaxsys/job/cell/{{index}}/"
+    until = time.monotonic() + FAIL_WAIT_S if failed else None
+    try:
+        CLIENT.key_value_set(prefix + str(RANK), "failed" if failed else "ok")
+        while True:
+            pairs = CLIENT.key_value_dir_get(prefix)
+            said = {{int(key.rsplit("/", 1)[1]): value for key, value in pairs}}
+            bad = sorted(r for r, v in said.items() if v != "ok")
+            if bad and not failed:
+                stop(index, f"failed on {{_procs(bad)}}")
+            missing = [r for r in range(SIZE) if r not in said]
+            if not missing or (until is not None and time.monotonic() > until):
+                return
+            try:
+                CLIENT.blocking_key_value_get(prefix + str(missing[0]), WATCH_MS)
+            except Exception:  # not there yet: read them all again
+                pass
+    except Exception as e:  # the service is gone: process 0 ended
+        if not failed:
+            stop(index, f"the coordination service is gone ({{type(e).__name__}}): p0 ended")
+
+
+def _procs(ranks):
+    return "p" + ",".join(str(r) for r in ranks)
 
 
 def run_cell(source, name):
@@ -341,33 +405,30 @@ for index, procs, expect_error, source in CELLS:
         for name, value in SETTINGS.pop(0)[1].items():
             jax.config.update(name, value)
     print({cell_mark!r} + str(index), flush=True)
-    if procs is not None and RANK not in procs:
-        continue
-    try:
-        run_cell(source, f"<cell {{index}}>")
-    except BaseException as e:
-        # The traceback as the notebook shows it: from the cell's own frames on.
-        tb = e.__traceback__
-        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
-            tb = tb.tb_next
-        traceback.print_exception(type(e), e, tb, file=sys.stdout)
-        print({error_mark!r} + str(index), flush=True)
-        if not expect_error:
-            sys.stdout.flush()
-            # Other processes may wait for this one in a collective: leave at once, so the
-            # launcher (srun --kill-on-bad-exit, mpiexec, jaxsys job) stops them too.
-            os._exit(1)
+    failed = False
+    if procs is None or RANK in procs:
+        try:
+            run_cell(source, f"<cell {{index}}>")
+        except BaseException as e:
+            # The traceback as the notebook shows it: from the cell's own frames on.
+            tb = e.__traceback__
+            while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
+                tb = tb.tb_next
+            traceback.print_exception(type(e), e, tb, file=sys.stdout)
+            print({error_mark!r} + str(index), flush=True)
+            failed = not expect_error
     sys.stdout.flush()
+    cell_barrier(index, failed)
+    if failed:
+        # Other processes may wait for this one in a collective: leave, so that the
+        # launcher (srun --kill-on-bad-exit, mpiexec, jaxsys job) stops them too.
+        os._exit(1)
 
 if jax.config.jax_enable_recoverability and SIZE > 1:
     # With recoverability JAX's shutdown waits for no process, and a process still shutting
     # down when process 0 (which serves the coordination service) has left ends with a
     # fatal error. So: all together at a barrier, the others shut down, process 0 last.
-    # The coordination client is private in JAX 0.12 (as in jaxsys_kernel/engine/barrier.py).
-    import time
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = CLIENT
     client.wait_at_barrier("jaxsys-job-end", {end_ms})
     if RANK:
         jax.distributed.shutdown()
@@ -395,6 +456,7 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
             initialize="".join(f"    {k}={v!r},\n" for k, v in initialize.items()),
             settings=prog.settings,
             thread_guard=prog.thread_guard,
+            path_variables=PATH_VARIABLES,
         ),
         _CELLS,
     ]
@@ -406,7 +468,10 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
     out += [text for _, text in sorted(rows)]
     out.append(
         _FOOTER.format(
-            cell_mark=CELL_MARK, error_mark=ERROR_MARK, end_ms=int(setup.init_timeout * 1000)
+            cell_mark=CELL_MARK,
+            error_mark=ERROR_MARK,
+            stop_mark=STOP_MARK,
+            end_ms=int(setup.init_timeout * 1000),
         )
     )
     return "".join(out)

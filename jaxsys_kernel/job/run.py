@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
-import subprocess
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._ranges import format_procs
 from ..cells.collate import LineCollator
-from .program import CELL_MARK, ERROR_MARK, Program
+from .owner import run_owned
+from .program import CELL_MARK, ERROR_MARK, EXIT_CODES, STOP_MARK, Program
 
 # What gloo prints (from C++, not from the cell) when a collective first connects, once
 # per device: the threads of a process's devices may write its halves apart, even into
@@ -30,11 +32,13 @@ NOISE = re.compile(f"{GLOO_CHATTER}|{LAUNCHER_CHATTER}")
 
 @dataclass
 class JobResult:
-    """What a job did: the collated log, and the cells that failed unexpectedly."""
+    """What a job did: the collated log, the cells that failed unexpectedly, and why the
+    job ended (the log's last line says it too)."""
 
     log: str
     failures: dict[int, list[int]] = field(default_factory=dict)
     exit_code: int = 0
+    ending: str = ""
 
 
 def split_cells(text: str) -> tuple[dict[int, str], set[int]]:
@@ -53,6 +57,8 @@ def split_cells(text: str) -> tuple[dict[int, str], set[int]]:
             sections[current] = ""
         elif stripped.startswith(ERROR_MARK):
             failed.add(int(stripped[len(ERROR_MARK) :]))
+        elif stripped.startswith(STOP_MARK):
+            pass  # why this process stopped: for the job's last line (stopped_at)
         elif current is not None:
             sections[current] += line
     return sections, failed
@@ -80,20 +86,71 @@ def collate_outputs(prog: Program, outputs: dict[int, str]) -> JobResult:
             head += ", as expected)" if cell.expect_error else ")"
             if not cell.expect_error:
                 failures[cell.index] = failed
+        elif failures and not ran:
+            head += f" (not run: the job stopped at cell {min(failures)})"
         elif len(ran) < len(ranks) and cell.procs is None:
             head += f" (not reached on {format_procs(sorted(set(ranks) - set(ran)))})"
         chunks.append(head + " ---\n" + "".join(emitted))
     return JobResult("".join(chunks), failures)
 
 
-def run_job(prog: Program, command: list[str], out_dir: Path, timeout: float) -> JobResult:
-    """Run the job's command, then collate ``out_dir/p{i}.out`` into ``out_dir/job.log``."""
-    r = subprocess.run(command, cwd=out_dir, timeout=timeout, check=False)
+def run_job(
+    prog: Program,
+    command: list[str],
+    out_dir: Path,
+    timeout: float,
+    cancel: list[str] | None = None,
+) -> JobResult:
+    """Run the job's command (as :func:`~jaxsys_kernel.job.owner.run_owned` does), then
+    collate ``out_dir/p{i}.out`` into ``out_dir/job.log``, whose last line says why the job
+    ended: finished, a failed cell, a process that died, the timeout, a signal."""
+    for stale in ("job.log", EXIT_CODES, *(f"p{r}.out" for r in range(prog.hosts))):
+        (out_dir / stale).unlink(missing_ok=True)
+    ended = run_owned(command, out_dir, timeout, cancel)
     outputs = {}
     for rank in range(prog.hosts):
         path = out_dir / f"p{rank}.out"
         outputs[rank] = path.read_text(errors="replace") if path.exists() else ""
     result = collate_outputs(prog, outputs)
-    result.exit_code = r.returncode or (1 if result.failures else 0)
+    result.exit_code = ended.code or (1 if result.failures else 0)
+    result.ending = ended.stopped or _why(prog, result, outputs, _exit_codes(out_dir), ended.code)
+    result.log += f"jaxsys job: ended: {result.ending}\n"
     (out_dir / "job.log").write_text(result.log)
     return result
+
+
+def _exit_codes(out_dir: Path) -> list[tuple[int, int]]:
+    """The processes that exited non-zero and their codes, the first to fail first, as the
+    runners write them (none from other launchers)."""
+    try:
+        said = json.loads((out_dir / EXIT_CODES).read_text())
+        codes, first = list(said["codes"]), said["first"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    bad = [(r, c) for r, c in enumerate(codes) if isinstance(c, int) and c]
+    return sorted(bad, key=lambda rc: rc[0] != first)
+
+
+def _last_cell(text: str) -> int | None:
+    marks = [line for line in text.split("\n") if line.startswith(CELL_MARK)]
+    return int(marks[-1][len(CELL_MARK) :]) if marks else None
+
+
+def _why(prog: Program, result: JobResult, outputs: dict[int, str], codes, code: int) -> str:
+    """The job's ending, in words, when it was not stopped from outside."""
+    if result.failures:
+        first = min(result.failures)
+        return f"cell {first} failed on {format_procs(result.failures[first])}"
+    for rank, rc in codes:
+        if STOP_MARK in outputs.get(rank, ""):
+            continue
+        cell = _last_cell(outputs.get(rank, ""))
+        where = f"in cell {cell}" if cell is not None else "before its first cell"
+        how = f"died of {signal.Signals(-rc).name}" if rc < 0 and -rc in _SIGNUMS else ""
+        return f"p{rank} {how or f'exited with code {rc}'} {where}"
+    if code:
+        return f"the job's command exited with code {code}"
+    return f"finished: {len(prog.cells)} cells on {prog.hosts} processes"
+
+
+_SIGNUMS = {s.value for s in signal.Signals}

@@ -5,19 +5,23 @@ process ``i`` runs on host ``i``, and its output (carried back by ssh) goes to
 ``OUT_DIR/p{i}.out``. The hosts share this machine's filesystem, as a cluster's engines
 started over ssh do by default: they read the program and the job's certificates at the
 same paths. When one process fails, the others get a moment to print their own errors and are
-then killed on their hosts, so that none waits forever in a collective for it.
+then killed on their hosts, so that none waits forever in a collective for it; so are they
+when this runner gets SIGTERM or SIGINT, or loses its parent. Each process's command line
+carries a marker of this job's own (``jaxsys-job-<hex>``, letters and digits only), which
+is what kills it on its host: a path would be read as a regular expression there.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import secrets
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from .local import supervise
+from .local import Stopping, supervise, write_exit_codes
 
 # Where the coordinator's port is picked, on process 0's host, which cannot be asked here.
 PORTS = (20000, 40000)
@@ -30,8 +34,24 @@ def host_of(destination: str) -> str:
     return destination.rpartition("@")[2]
 
 
-def remote_command(program: str, rank: int, n: int, coordinator: str) -> str:
-    """What host ``rank`` runs: the program as process ``rank`` of ``n``, in the job's folder."""
+def new_marker() -> str:
+    """A word naming one run of a job on every host's command lines."""
+    return f"jaxsys-job-{secrets.token_hex(8)}"
+
+
+def kill_command(marker: str) -> str:
+    """What ends a job's processes on their host (this user's only): ``marker`` has no
+    character that a regular expression or the shell reads specially. Its first letter
+    is written as a class, so that the pattern does not match the command line that
+    carries it."""
+    if not marker.replace("-", "").isalnum():
+        raise ValueError(f"not a job marker: {marker!r}")
+    return f"pkill -KILL -U \"$(id -u)\" -f '[{marker[0]}]{marker[1:]}'"
+
+
+def remote_command(program: str, rank: int, n: int, coordinator: str, marker: str = "") -> str:
+    """What host ``rank`` runs: the program as process ``rank`` of ``n``, in the job's folder,
+    with ``marker`` as its argument (the program ignores it)."""
     env = {
         "JAXSYS_PROCESS_ID": str(rank),
         "JAXSYS_NUM_PROCESSES": str(n),
@@ -41,17 +61,18 @@ def remote_command(program: str, rank: int, n: int, coordinator: str) -> str:
     }
     assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     folder = shlex.quote(str(Path(program).parent))
-    return (
-        f"cd {folder} && exec env {assigned} {shlex.quote(sys.executable)} {shlex.quote(program)}"
-    )
+    run = shlex.join([sys.executable, program, *([marker] if marker else [])])
+    return f"cd {folder} && exec env {assigned} {run}"
 
 
 def run(program: str, hosts: list[str], out_dir: Path, ssh_args: list[str]) -> int:
     """Run the processes; the exit code is the first failing process's, or 0."""
     coordinator = f"{host_of(hosts[0])}:{random.randint(*PORTS)}"
+    marker = new_marker()
+    stopping = Stopping()
     procs = []
     for rank, host in enumerate(hosts):
-        command = remote_command(program, rank, len(hosts), coordinator)
+        command = remote_command(program, rank, len(hosts), coordinator, marker)
         with open(out_dir / f"p{rank}.out", "wb") as out:
             procs.append(
                 subprocess.Popen(
@@ -64,11 +85,11 @@ def run(program: str, hosts: list[str], out_dir: Path, ssh_args: list[str]) -> i
             )
 
     def kill(running: list[subprocess.Popen]) -> None:
-        # Ending the ssh client does not end the process it started: kill that by its
-        # program's path, which names this job alone, on every host.
+        # Ending the ssh client does not end the process it started: kill that by this
+        # run's marker, on every host.
         killers = [
             subprocess.Popen(
-                ["ssh", *ssh_args, host, f"pkill -KILL -f {shlex.quote(program)}"],
+                ["ssh", *ssh_args, host, kill_command(marker)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -84,7 +105,9 @@ def run(program: str, hosts: list[str], out_dir: Path, ssh_args: list[str]) -> i
             if p.poll() is None:
                 p.kill()
 
-    return supervise(procs, kill)
+    code, first = supervise(procs, kill, stopping)
+    write_exit_codes(out_dir, procs, first)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ effect exact; the normalisation keeps it meaningful if a cell starts printing th
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -19,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from jaxsys_kernel import cli
 
 from .. import slurm
 
@@ -100,3 +103,39 @@ def test_a_failing_cell_under_slurm_exits_non_zero_and_names_it(hosts, tmp_path)
     assert "slurmstepd" not in log and "SIGTERM" not in log, log
     assert took < 60
     hosts.wait_queue_empty()
+
+
+def _nb(folder: Path, name: str, *cells: str) -> Path:
+    nb = {
+        "cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": []} for c in cells],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path = folder / name
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_a_slurm_jobs_script_names_no_path_and_runs_none(tmp_path):
+    # A notebook named with a space, in a folder whose name is a command substitution.
+    folder = tmp_path / "$(touch PWNED) my nb"
+    folder.mkdir()
+    path = _nb(folder, "my notebook.ipynb", "%%multihost\nprint(1)")
+    assert cli.main(["job", str(path), "--launcher", "slurm", "--hosts", "2"]) == 0
+    # (no Slurm needed: the script runs here with a stand-in for srun)
+    out = folder / "my notebook-job"
+    script = (out / "job.sbatch").read_text()
+    assert str(tmp_path) not in script
+    (name,) = re.findall(r"^#SBATCH --job-name=(\S+)$", script, re.M)[-1:]
+    assert re.fullmatch(r"jaxsys-job-my-notebook-job-[0-9a-f]{8}", name)
+    # Run the script as sbatch would, with an srun that says what it was given.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done > srun.args\n')
+    (fake / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    subprocess.run(["sh", "job.sbatch"], cwd=out, env=env, check=True, timeout=30)
+    args = (out / "srun.args").read_text().splitlines()
+    assert args[-1] == "program.py" and "--output=./p%t.out" in args
+    assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()

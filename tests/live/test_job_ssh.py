@@ -4,11 +4,15 @@ job's is; a failing cell stops the processes on every host and names itself."""
 
 from __future__ import annotations
 
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from jaxsys_kernel.job import ssh as job_ssh
 
 from .. import netns, sshd
 
@@ -83,7 +87,31 @@ def test_a_failing_cell_stops_the_processes_on_every_host(ssh_hosts, tmp_path):
     nbformat.write(
         nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), nb
     )
-    r = _job(ssh, hosts, str(nb), tmp_path / "out", per_host=1, devices=4)
+    # A folder a regular expression reads otherwise: the processes are still found to kill.
+    out = tmp_path / "job (1)"
+    r = _job(ssh, hosts, str(nb), out, per_host=1, devices=4)
     assert r.returncode != 0
     assert "cell 1 failed on p1" in r.stderr, r.stderr
+    assert (out / "job.log").read_text().endswith("jaxsys job: ended: cell 1 failed on p1\n")
     assert not [p for ns in hosts.namespaces for p in netns.namespace_pids(ns) if _is_job(p)]
+
+
+def test_the_ssh_runner_kills_a_job_whose_path_a_regular_expression_misreads(tmp_path):
+    # The kill command runs here as it would on a host: a process whose program's path has
+    # "(1)" in it (as a copied folder's does) is found by the job's marker.
+    folder = tmp_path / "job (1)"
+    folder.mkdir()
+    program = folder / "program.py"
+    program.write_text("import time\ntime.sleep(60)\n")
+    marker = job_ssh.new_marker()
+    command = job_ssh.remote_command(str(program), 0, 1, "h:1", marker)
+    assert f"{shlex.quote(str(program))} {marker}" in command
+    proc = subprocess.Popen([sys.executable, str(program), marker])
+    try:
+        killed = subprocess.run(["sh", "-c", job_ssh.kill_command(marker)], timeout=10)
+        assert killed.returncode == 0
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+    assert subprocess.run(["sh", "-c", job_ssh.kill_command(marker)], timeout=10).returncode == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jaxsys_kernel import cli
 from jaxsys_kernel.job import collate_outputs, from_notebook, render
-from jaxsys_kernel.job.program import CELL_MARK, ERROR_MARK
+from jaxsys_kernel.job.program import CELL_MARK, ERROR_MARK, STOP_MARK
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,9 +120,13 @@ class _FakeConfig:
         print("config", name, value)
 
 
-def _run_program(monkeypatch, capsys, text: str, **env) -> str:
-    """Run a generated program here, on a stand-in for JAX that prints what it is asked."""
+def _run_program(monkeypatch, capsys, text: str, file: str = "program.py", **env) -> str:
+    """Run a generated program (as if it were ``file``) here, on a stand-in for JAX that
+    prints what it is asked."""
     fake = types.ModuleType("jax")
+    private = types.ModuleType("jax._src")
+    private.distributed = types.SimpleNamespace(global_state=types.SimpleNamespace(client=None))
+    monkeypatch.setitem(sys.modules, "jax._src", private)
     fake.config = _FakeConfig()
     fake.distributed = types.SimpleNamespace(
         initialize=lambda **kwargs: print("initialize", sorted(kwargs))
@@ -138,7 +142,7 @@ def _run_program(monkeypatch, capsys, text: str, **env) -> str:
     monkeypatch.setattr(os, "environ", {"PATH": os.environ["PATH"], **env})
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     capsys.readouterr()
-    exec(compile(text, "program.py", "exec"), {"__name__": "__main__"})
+    exec(compile(text, file, "exec"), {"__name__": "__main__", "__file__": file})
     return capsys.readouterr().out.replace(CELL_MARK, "cell ")
 
 
@@ -195,9 +199,21 @@ def test_each_process_gets_the_clusters_setup_and_its_own_certificate(
     for rank in (0, 1):
         key = out / "pki" / f"process-{rank}.key"
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    # The processes need the CA's certificate, not its key; the program names no path of
+    # this machine, and finds the job's files in its own folder wherever that is.
+    assert sorted(p.name for p in (out / "pki").iterdir()) == [
+        "ca.pem", "process-0.key", "process-0.pem", "process-1.key", "process-1.pem"
+    ]  # fmt: skip
     text = (out / "program.py").read_text()
     assert "heartbeat_timeout_seconds=7," in text
-    printed = _run_program(monkeypatch, capsys, text, JAXSYS_PROCESS_ID="1")
+    assert str(tmp_path) not in text
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    out = moved
+    text = (out / "program.py").read_text()
+    printed = _run_program(
+        monkeypatch, capsys, text, file=str(out / "program.py"), JAXSYS_PROCESS_ID="1"
+    )
     said = next(line for line in printed.splitlines() if line.startswith("jaxsys job:"))
     assert said == (
         f"jaxsys job: process 0 of 1: jax_mtls_cert_file={out}/pki/process-1.pem "
@@ -207,4 +223,35 @@ def test_each_process_gets_the_clusters_setup_and_its_own_certificate(
     # Without mTLS: no certificates, and none asked for.
     assert cli.main(["job", str(path), "--out", str(tmp_path / "plain"), "--insecure"]) == 0
     assert not (tmp_path / "plain" / "pki").exists()
-    assert "JAX_MTLS" not in (tmp_path / "plain" / "program.py").read_text()
+    assert "\nPROCESS_ENV = {}\n" in (tmp_path / "plain" / "program.py").read_text()
+
+
+def test_a_process_after_a_failed_cell_runs_nothing_more_and_the_log_says_so(tmp_path):
+    path = _nb(
+        tmp_path,
+        ("%%multihost\nraise ValueError('p1 fails')", []),
+        ("%%multihost\nprint('never' + 'reached')", []),
+    )
+    prog = from_notebook(path, hosts=2)
+    outputs = {
+        0: f"{CELL_MARK}0\n{STOP_MARK}0 failed on p1\n",
+        1: f"{CELL_MARK}0\nValueError: p1 fails\n{ERROR_MARK}0\n",
+    }
+    result = collate_outputs(prog, outputs)
+    assert result.failures == {0: [1]}
+    assert result.log == (
+        "--- cell 0 (failed on p1) ---\n[p1] ValueError: p1 fails\n"
+        "--- cell 1 (not run: the job stopped at cell 0) ---\n"
+    )
+
+
+
+def test_a_line_break_in_a_scheduler_option_is_refused_in_words(tmp_path, capsys):
+    path = _nb(tmp_path, ("%%multihost\nprint(1)", []))
+    for flag in ("--partition", "--time", "--account", "--sbatch-arg"):
+        out = tmp_path / flag.strip("-")
+        argv = ["job", str(path), "--launcher", "slurm", "--out", str(out)]
+        assert cli.main([*argv, f"{flag}=debug\ntouch PWNED"]) == 2
+        err = capsys.readouterr().err
+        assert flag in err and "line break" in err and "one line" in err, err
+        assert not (out / "job.sbatch").exists()
