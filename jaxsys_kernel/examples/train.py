@@ -206,38 +206,44 @@ def train(
     """
     cfg = cfg or lm.Config()
     mesh = lm.make_mesh()
-    step_fn = make_step(cfg, mesh)
     it = data_iterator(cfg)
     mgr = checkpoint_manager(ckpt_dir, every)
     state, start = restore(mgr, abstract_state(cfg, mesh), it)
     if state is None:
         state = init_state(cfg, mesh)
-    step, loss, preempted, t0 = start, float("nan"), False, time.perf_counter()
-    while step < steps:
-        state, loss_arr = step_fn(state, global_batch(cfg, mesh, next(it)))
-        step += 1
-        if log_every and step % log_every == 0:
-            loss = float(loss_arr)
-            print(f"step {step} loss {loss:.4f}", flush=True)
-        if multihost_utils.reached_preemption_sync_point(step):
-            # Every process is here at the same step: save it, then stop.
-            mgr.save(step, args=_save_args(state, it), force=True)
-            preempted = True
-            print(f"preempted: saved step {step}", flush=True)
-            break
-        mgr.save(step, args=_save_args(state, it))  # only every `every` steps
-        if after_step is not None:
-            after_step(step)
+    t0 = time.perf_counter()
+    state, step, loss, preempted = _loop(
+        cfg, mesh, mgr, it, state, start, steps, log_every, after_step
+    )
     if not preempted and mgr.latest_step() != step:
         mgr.save(step, args=_save_args(state, it), force=True)
     mgr.wait_until_finished()
     mgr.close()
-    seconds = time.perf_counter() - t0
     return {
         "step": step,
         "start": start,
         "preempted": preempted,
-        "loss": float(loss_arr) if step > start else loss,
+        "loss": loss,
         "fingerprint": fingerprint(state),
-        "seconds": seconds,
+        "seconds": time.perf_counter() - t0,
     }
+
+
+def _loop(cfg, mesh, mgr, it, state, step, steps, log_every, after_step):
+    """Steps until ``steps`` or the preemption sync point: ``(state, step, loss, preempted)``."""
+    step_fn = make_step(cfg, mesh)
+    loss = None
+    while step < steps:
+        state, loss = step_fn(state, global_batch(cfg, mesh, next(it)))
+        step += 1
+        if log_every and step % log_every == 0:
+            print(f"step {step} loss {float(loss):.4f}", flush=True)
+        if multihost_utils.reached_preemption_sync_point(step):
+            # Every process is here at the same step: save it, then stop.
+            mgr.save(step, args=_save_args(state, it), force=True)
+            print(f"preempted: saved step {step}", flush=True)
+            return state, step, float(loss), True
+        mgr.save(step, args=_save_args(state, it))  # only every `every` steps
+        if after_step is not None:
+            after_step(step)
+    return state, step, float("nan") if loss is None else float(loss), False
