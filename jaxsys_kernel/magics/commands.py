@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,11 +132,13 @@ def _stacks(c: Call) -> Result:
     cluster = c.session.cluster
     ranks = cluster.ranks if c.rank is None else [c.rank]
     stacks = cluster.dump_stacks(ranks)
+    # Stamped, as a log's lines are: the frames stay apart from a later dump's.
+    stamp = time.strftime("%H:%M:%S")
     log = []
     for r in ranks:
         first, *rest = report.process_stack(stacks.get(r, ""))
-        log.append(f"p{r} {first}")
-        log.extend(f"    {line}" for line in rest)
+        log.append(f"{stamp} p{r} {first}")
+        log.extend(f"{stamp}     {line}" for line in rest)
     return Result(
         True,
         "ok",
@@ -236,7 +239,9 @@ def resolve(name: str, rank: int | None, surface: str) -> tuple[Command, int | N
     if command.process == "none":
         rank = None
     if rank is not None and (type(rank) is not int or rank < 0):
-        raise CommandRefused("usage", f"{name}: the process must be a number such as 2, got {rank!r}")
+        raise CommandRefused(
+            "usage", f"{name}: the process must be a number such as 2, got {rank!r}"
+        )
     return command, rank
 
 

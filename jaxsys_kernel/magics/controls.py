@@ -38,7 +38,7 @@ class Controls:
             view.update(append=[f"{stamp} {text}"])
 
         result = commands.run(self, action, rank, surface="dashboard", progress=say)
-        if result.log:
-            view.update(append=[f"{stamp} {line}" for line in result.log])
+        if result.log:  # a command's own lines (stacks) carry their stamp
+            view.update(append=list(result.log))
         say(result.message)
         return result
