@@ -195,9 +195,8 @@ def train(
     Returns
     -------
     dict
-        ``step`` reached, ``start`` (the step resumed from), ``preempted`` (stopped at the
-        preemption sync point), the last ``loss``, the state's ``fingerprint`` and
-        ``seconds`` of training.
+        ``step`` reached, ``start`` (resumed from), ``preempted`` (stopped at the sync
+        point), the last ``loss``, the state's ``fingerprint``, ``seconds`` of training.
 
     Examples
     --------
