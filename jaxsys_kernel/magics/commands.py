@@ -88,7 +88,6 @@ class Command:
     surfaces: frozenset[str]
     handler: Callable[[Call], Result]
     needs_cluster: bool = True
-    help: str = ""
 
 
 # -- the handlers -----------------------------------------------------------------------------
@@ -168,42 +167,23 @@ def _restart(c: Call) -> Result:
 
 _ALL = frozenset(SURFACES)
 _BUTTONS = frozenset({"sidebar", "dashboard", "comm"})
+_SIDEBAR = frozenset({"sidebar", "comm"})  # the sidebar's buttons speak over the comm
+_DASHBOARD = frozenset({"dashboard", "comm"})
 
 COMMANDS: dict[str, Command] = {
     c.name: c
     for c in (
-        Command(
-            "start",
-            "none",
-            frozenset({"sidebar", "comm"}),
-            _start,
-            needs_cluster=False,
-            help="start a cluster with the kernel's defaults",
-        ),
-        Command(
-            "stop-cluster",
-            "none",
-            frozenset({"sidebar", "comm"}),
-            _stop_cluster,
-            needs_cluster=False,
-            help="stop the cluster (a running cell is interrupted first)",
-        ),
-        Command(
-            "interrupt",
-            "none",
-            frozenset({"dashboard", "comm"}),
-            _interrupt,
-            help="interrupt the running cell",
-        ),
-        Command("stacks", "optional", _BUTTONS, _stacks, help="dump the Python stacks"),
-        Command("kill", "required", _ALL, _kill, help="SIGKILL one process"),
-        Command(
-            "restart",
-            "optional",
-            _ALL,
-            _restart,
-            help="replace one process (it rejoins the world), or without one the whole world",
-        ),
+        # A cluster with the kernel's defaults (%jaxsys start takes every option instead).
+        Command("start", "none", _SIDEBAR, _start, needs_cluster=False),
+        # The teardown, a running cell interrupted first (%jaxsys stop calls session.stop too).
+        Command("stop-cluster", "none", _SIDEBAR, _stop_cluster, needs_cluster=False),
+        # The running cell, as the notebook's stop button.
+        Command("interrupt", "none", _DASHBOARD, _interrupt),
+        # Where each process is (one process, or all).
+        Command("stacks", "optional", _BUTTONS, _stacks),
+        Command("kill", "required", _ALL, _kill),
+        # One process, which rejoins the running world; without one, the whole world.
+        Command("restart", "optional", _ALL, _restart),
     )
 }
 
@@ -233,7 +213,8 @@ def resolve(name: str, rank: int | None, surface: str) -> tuple[Command, int | N
         name, rank = ALIASES[name], None
     command = COMMANDS.get(name)
     if command is None or surface not in command.surfaces:
-        raise CommandRefused("unknown", f"unknown control {name!r}")
+        offers = ", ".join(offered(surface))
+        raise CommandRefused("unknown", f"unknown control {name!r} (offered here: {offers})")
     if command.process == "required" and rank is None:
         raise CommandRefused("needs-process", f"{name} needs a process")
     if command.process == "none":

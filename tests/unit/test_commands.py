@@ -39,6 +39,13 @@ def test_the_wire_declaration_is_the_registrys_comm_commands_and_aliases():
     assert all(target in commands.COMMANDS for target in commands.ALIASES.values())
 
 
+def test_every_command_is_declared_with_known_words():
+    for c in commands.COMMANDS.values():
+        assert c.process in ("none", "optional", "required"), c
+        assert c.surfaces and c.surfaces <= set(commands.SURFACES), c
+        assert "comm" in c.surfaces or not c.surfaces & {"sidebar", "dashboard"}, c
+
+
 def test_every_command_offered_on_jaxsys_is_a_jaxsys_action():
     for name in commands.offered("jaxsys"):
         assert name in actions.ACTIONS, name
