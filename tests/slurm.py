@@ -208,6 +208,29 @@ class SlurmHosts:
                 raise RuntimeError(f"no {what} within {START_TIMEOUT:g} s; logs in {self.dir}/log")
             time.sleep(0.1)
 
+    def _controller(self) -> subprocess.Popen | None:
+        return next((p for p in self._procs if p.args[0] == "slurmctld"), None)
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld (its state saved); clients get "Unable to contact slurm controller"
+        and the slurmds keep running their jobs until :meth:`start_controller`."""
+        p = self._controller()
+        assert p is not None and p.poll() is None, "slurmctld is not running"
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(START_TIMEOUT)
+        self._procs.remove(p)
+
+    def start_controller(self) -> None:
+        """Start slurmctld again from its saved state, and wait until it answers."""
+        assert self._controller() is None, "slurmctld runs already"
+        self._daemon(["slurmctld", "-D", "-f", str(self.dir / "slurm.conf")], "slurmctld.out")
+
+        def answers() -> bool:
+            r = subprocess.run(["squeue", "-h"], capture_output=True, timeout=30, check=False)
+            return r.returncode == 0
+
+        self._wait(answers, "slurmctld answering")
+
     # -- what tests ask ----------------------------------------------------------------------
 
     def queue(self) -> list[str]:

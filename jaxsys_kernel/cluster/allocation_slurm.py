@@ -3,35 +3,30 @@
 
 The job's batch script only holds the allocation; engines run in it as job steps
 (``srun --jobid``), so a world restart or an attach reuses the job instead of queueing
-again. A watchdog process cancels the job when the process that submitted it dies
-without cancelling it (a kernel killed with SIGKILL), and goes when the job does.
+again. A watchdog process (:mod:`.slurm_watch`) cancels the job when the process that
+submitted it dies without cancelling it (a kernel killed with SIGKILL), and goes when
+slurmctld says the job left the queue.
 
 Works with Slurm 22.05 and later, without accounting (``sacct``) or ``--json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from .allocation import Allocation, JobState, JobStatus, register
+from .allocation import Allocation, JobState, JobStatus, register, state_dir
 from .records import ClusterStartError
+from .slurm_watch import COMMAND_TIMEOUT_S, cancel_job, start_watchdog
 
-# Seconds any Slurm command may take (slurmctld answers in milliseconds when it is up).
-COMMAND_TIMEOUT_S = 20.0
-# How often the watchdog looks at the submitting process, and at the queue.
-WATCH_PID_S = 0.25
-WATCH_QUEUE_S = 2.0
+__all__ = ["SlurmAllocation", "SlurmError", "batch_script", "cancel_job", "kill_steps"]
+
 TOOLS = ("sbatch", "squeue", "scancel", "scontrol", "srun")
 
 
@@ -78,6 +73,14 @@ def batch_script(name: str, ntasks: int, options: dict[str, Any], log_file: Path
         "while :; do sleep 3600 & wait $!; done",
     ]
     return "\n".join(lines) + "\n"
+
+
+def watchdog_log(job_id: str) -> Path:
+    """Where the watchdog of ``job_id`` writes what it did (kept only when something
+    failed): in the state directory, which outlives the cluster's profile."""
+    folder = state_dir() / "slurm"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder / f"watchdog-{job_id}.log"
 
 
 def _scontrol_fields(text: str) -> dict[str, str]:
@@ -143,7 +146,7 @@ class SlurmAllocation(Allocation):
         r = _run(["sbatch", "--parsable", str(script)])
         self.job_id = r.stdout.strip().split(";")[0]
         self.last = JobStatus(JobState.PENDING)
-        self.watchdog = start_watchdog(self.job_id, os.getpid())
+        self.watchdog = start_watchdog(self.job_id, os.getpid(), watchdog_log(self.job_id))
 
     def poll(self) -> JobStatus:
         """The job's state, reason and nodes: from ``squeue`` while it is queued, then
@@ -214,19 +217,6 @@ class SlurmAllocation(Allocation):
         return cls(name=d.get("name", "jaxsys"), ntasks=d.get("ntasks", 1), job_id=d["job_id"])
 
 
-def cancel_job(job_id: str) -> None:
-    """SIGKILL every process of the job, then cancel it.
-
-    JAX processes ignore SIGTERM, which is all a plain ``scancel`` sends before Slurm's
-    KillWait runs out; killing them first ends the job in about a second.
-    """
-    if shutil.which("scancel") is None:
-        return
-    for argv in (["scancel", "--full", "-s", "KILL", job_id], ["scancel", job_id]):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
-
-
 def job_steps(job_id: str) -> list[str]:
     """The ids (``J.0``, ``J.1``...) of the job's steps other than its batch script's."""
     try:
@@ -259,70 +249,3 @@ def kill_steps(job_id: str) -> None:
             timeout=COMMAND_TIMEOUT_S,
             check=False,
         )
-
-
-# -- the watchdog ---------------------------------------------------------------------------
-
-
-def start_watchdog(job_id: str, pid: int) -> subprocess.Popen:
-    """A process that cancels ``job_id`` once ``pid`` is gone, and leaves with the job."""
-    return subprocess.Popen(
-        [sys.executable, "-m", __name__, "--job", job_id, "--pid", str(pid)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    # Not teardown.pid_alive: the watchdog process imports only the standard library.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _job_queued(job_id: str) -> bool:
-    try:
-        r = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"],
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return True
-    return r.returncode == 0 and bool(r.stdout.strip())
-
-
-def watch(job_id: str, pid: int) -> int:
-    """Cancel ``job_id`` when ``pid`` dies; return when the job has left the queue."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    next_queue_check = 0.0
-    while True:
-        if not _pid_alive(pid):
-            cancel_job(job_id)
-            return 0
-        now = time.monotonic()
-        if now >= next_queue_check:
-            if not _job_queued(job_id):
-                return 0
-            next_queue_check = now + WATCH_QUEUE_S
-        time.sleep(WATCH_PID_S)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="cancel a Slurm job when a process dies")
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--pid", type=int, required=True)
-    a = parser.parse_args()
-    sys.exit(watch(a.job, a.pid))

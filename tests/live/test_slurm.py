@@ -4,6 +4,7 @@ state, reason and end are Slurm's own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,10 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from jaxsys_kernel import Cluster
+from jaxsys_kernel.cluster.slurm_watch import BACKOFF_MAX_S
 
 from .. import slurm
 from ..certs import CERT_CELL, assert_one_certificate_per_process
@@ -158,9 +162,9 @@ def test_a_job_cancelled_from_outside_is_reported(hosts):
     _drained(hosts)
 
 
-def test_the_job_goes_when_its_owner_dies(hosts, tmp_path):
-    # A process that owns a Slurm cluster (here `jaxsys cluster start`, as a kernel does)
-    # is killed without any teardown: its watchdog cancels the job.
+def _owner(tmp_path) -> subprocess.Popen:
+    """A process that owns a Slurm cluster (``jaxsys cluster start``, as a kernel does),
+    once its cluster is ready."""
     env = {**os.environ, "JAXSYS_STATE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     owner = subprocess.Popen(
         [sys.executable, "-m", "jaxsys_kernel.cli", "cluster", "start", "--foreground",
@@ -168,18 +172,83 @@ def test_the_job_goes_when_its_owner_dies(hosts, tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     state_file = tmp_path / "dies.json"
+
+    def ready() -> bool:
+        assert owner.poll() is None, "jaxsys cluster start exited"
+        try:
+            return json.loads(state_file.read_text()).get("state") == "ready"
+        except (OSError, ValueError):
+            return False
+
     try:
-
-        def ready() -> bool:
-            assert owner.poll() is None, "jaxsys cluster start exited"
-            try:
-                return json.loads(state_file.read_text()).get("state") == "ready"
-            except (OSError, ValueError):
-                return False
-
         _wait(ready, 120, "the cluster ready")
+    except BaseException:
+        _kill(owner)
+        raise
+    return owner
+
+
+def _kill(owner: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(owner.pid, signal.SIGKILL)
+    owner.wait(10)
+
+
+def test_the_job_goes_when_its_owner_dies(hosts, tmp_path):
+    # The owner is killed without any teardown: its watchdog cancels the job.
+    owner = _owner(tmp_path)
+    try:
         assert len(hosts.queue()) == 1
     finally:
-        os.killpg(owner.pid, signal.SIGKILL)
-        owner.wait(10)
+        _kill(owner)
     assert _drained(hosts) < DRAIN_S
+
+
+def _watchdog(job_id: str, owner: int) -> psutil.Process:
+    """The watchdog of ``job_id`` that watches process ``owner``."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        want = ["--job", job_id, "--pid", str(owner)]
+        if "--job" in cmd and cmd[cmd.index("--job") :][:4] == want:
+            return p
+    raise AssertionError(f"no watchdog for job {job_id}")
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _log_says(p: psutil.Process, words: str) -> bool:
+    """Whether the watchdog ``p`` has logged ``words``, or is gone."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return True
+    if "--log" not in cmd:
+        return not _running(p)
+    log = Path(cmd[cmd.index("--log") + 1])
+    return log.is_file() and words in log.read_text()
+
+
+def test_the_job_goes_when_its_owner_dies_while_slurmctld_is_down(hosts, tmp_path):
+    owner = _owner(tmp_path)
+    try:
+        ((job_id, _),) = [q.split() for q in hosts.queue()]
+        watchdog = _watchdog(job_id, owner.pid)
+        hosts.stop_controller()
+        try:
+            # squeue fails ("Unable to contact slurm controller"): no proof the job left.
+            _wait(lambda: _log_says(watchdog, "squeue got no answer"), 60, "a failed squeue")
+            assert _running(watchdog), "the watchdog gave up on a failing squeue"
+            _kill(owner)
+            _wait(lambda: _log_says(watchdog, "scancel"), 60, "a failed scancel")
+            assert _running(watchdog)
+        finally:
+            hosts.start_controller()
+    finally:
+        _kill(owner)
+    # The next try after slurmctld is back cancels the job.
+    assert _drained(hosts) < DRAIN_S + BACKOFF_MAX_S
