@@ -17,6 +17,7 @@ import socket
 import struct
 import time
 
+from .. import _compat, contract
 from ..errors import ProtocolError
 
 #: The header of a request: its JSON length, then the JSON; four descriptors ride along.
@@ -115,6 +116,48 @@ def parse(body: bytes) -> dict:
     if cwd is not None and not isinstance(cwd, str):
         raise BadRequest("the request's working directory must be a string")
     return request
+
+
+# -- what a fork of this server can serve ----------------------------------------------------
+
+
+def import_state() -> dict[str, str]:
+    """The variables read at import time whose values a forked engine inherits."""
+    return {k: v for k, v in os.environ.items() if k.startswith("JAX_")}
+
+
+def jax_changes(env: dict[str, str], imported: dict[str, str]) -> dict[str, str]:
+    """The ``JAX_*`` variables of ``env`` that differ from those JAX was imported with."""
+    return {k: v for k, v in env.items() if k.startswith("JAX_") and imported.get(k) != v}
+
+
+def refusal(request: dict, imported: dict[str, str]) -> str | None:
+    """Why ``request`` cannot be served by a fork of this server (None: it can).
+
+    A ``JAX_*`` variable that differs is fine when it names one of JAX's options (the
+    child sets it, before JAX starts its backend); one the request drops, or that JAX reads
+    some other way, is not.
+    """
+    env = request.get("env")
+    if not isinstance(env, dict) or not isinstance(request.get("argv"), list):
+        return "the request names no environment or arguments"
+    dropped = sorted(k for k in imported if k not in env)
+    if dropped:
+        return "JAX settings read at import are unset: " + ", ".join(dropped)
+    # Deferred: imported at start-up (PRELOAD); named here, where options are checked.
+    import jax
+
+    unknown = sorted(
+        k for k in jax_changes(env, imported) if _compat.jax_option(jax.config, k) is None
+    )
+    if unknown:
+        return "JAX settings read at import differ: " + ", ".join(unknown)
+    if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
+        return "PYTHONPATH differs"
+    if env.get(contract.PARENT_PID) != os.environ.get(contract.PARENT_PID):
+        # Its parent-death check is for another process than this server's parent.
+        return f"${contract.PARENT_PID} names another parent"
+    return None
 
 
 class Pending:

@@ -55,7 +55,15 @@ import traceback
 import types
 
 from .. import _compat, contract
-from .forkrequests import REQUEST_TIMEOUT_S, BadRequest, Pending, peer_refusal
+from .forkrequests import (
+    REQUEST_TIMEOUT_S,
+    BadRequest,
+    Pending,
+    import_state,
+    jax_changes,
+    peer_refusal,
+    refusal,
+)
 from .state import STATE
 
 # What every engine imports before its first cell (its sys.modules, less the server's).
@@ -93,48 +101,10 @@ PRELOAD = (
 )
 #: Connections whose requests are being read at once; more are refused in words.
 MAX_PENDING = 32
+ACCEPT_BACKOFF_S = 0.1
 #: How a refusal after a failed fork begins (the kernel counts these in the server's log).
 FORK_FAILED = "the fork failed"
 _PR_SET_PDEATHSIG = 1
-
-
-def import_state() -> dict[str, str]:
-    """The variables read at import time whose values a forked engine inherits."""
-    return {k: v for k, v in os.environ.items() if k.startswith("JAX_")}
-
-
-def jax_changes(env: dict[str, str], imported: dict[str, str]) -> dict[str, str]:
-    """The ``JAX_*`` variables of ``env`` that differ from those JAX was imported with."""
-    return {k: v for k, v in env.items() if k.startswith("JAX_") and imported.get(k) != v}
-
-
-def refusal(request: dict, imported: dict[str, str]) -> str | None:
-    """Why ``request`` cannot be served by a fork of this server (None: it can).
-
-    A ``JAX_*`` variable that differs is fine when it names one of JAX's options (the
-    child sets it, before JAX starts its backend); one the request drops, or that JAX reads
-    some other way, is not.
-    """
-    env = request.get("env")
-    if not isinstance(env, dict) or not isinstance(request.get("argv"), list):
-        return "the request names no environment or arguments"
-    dropped = sorted(k for k in imported if k not in env)
-    if dropped:
-        return "JAX settings read at import are unset: " + ", ".join(dropped)
-    # Deferred: imported at start-up (PRELOAD); named here, where options are checked.
-    import jax
-
-    unknown = sorted(
-        k for k in jax_changes(env, imported) if _compat.jax_option(jax.config, k) is None
-    )
-    if unknown:
-        return "JAX settings read at import differ: " + ", ".join(unknown)
-    if env.get("PYTHONPATH", "") != os.environ.get("PYTHONPATH", ""):
-        return "PYTHONPATH differs"
-    if env.get(contract.PARENT_PID) != os.environ.get(contract.PARENT_PID):
-        # Its parent-death check is for another process than this server's parent.
-        return f"${contract.PARENT_PID} names another parent"
-    return None
 
 
 def _apply_jax_settings(env: dict[str, str], imported: dict[str, str]) -> None:
@@ -333,8 +303,10 @@ class ForkServer:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
-            # EMFILE and the like: say so, and let the next turn of the loop try again.
+            # EMFILE and the like: say so, and try again a little later (the listener stays
+            # readable, and the loop must not spin on it).
             _log(f"could not accept a connection ({e})")
+            time.sleep(ACCEPT_BACKOFF_S)
             return
         pending = Pending(conn, self.request_timeout)
         why = peer_refusal(conn, self.kernel_pid)

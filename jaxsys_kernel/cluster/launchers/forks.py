@@ -83,8 +83,9 @@ class ForkServer:
         self.socket_path = str(profile / "forkserver.sock")
         self._socket_dir = None
         self._failure: str | None = None
+        # Left by kernels killed with SIGKILL (a stop removes its own).
+        remove_stale_socket_dirs()
         if len(self.socket_path) > _MAX_SOCKET_PATH:
-            remove_stale_socket_dirs()
             self._socket_dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
             self.socket_path = os.path.join(self._socket_dir, "s")
         self.ready_wait = ready_wait
