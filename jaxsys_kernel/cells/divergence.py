@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._ranges import format_procs
+from .divergence_records import MAX_ENTRIES, BadRecord, checked
 
 # Seconds a process may sit idle in Python without an entry the others have.
 WINDOW = 1.0
@@ -48,6 +49,7 @@ class _Process:
     where: dict | None = None
     finished: bool = False
     failed: bool = False
+    count: int = 0
 
 
 @dataclass
@@ -98,27 +100,54 @@ class DivergenceCheck:
         self._first: dict[tuple, dict[int, float]] = {}
         self._pending: tuple[float, dict, list] | None = None
         self.finding: Finding | None = None
+        # Processes whose records were refused, and why: left out of the check.
+        self.refused: dict[int, str] = {}
 
     # -- events ---------------------------------------------------------------------------
 
-    def feed(self, rank: int, record: dict) -> None:
-        """Take one record (``dispatch`` or ``where``) from process ``rank``."""
+    def feed(self, rank: int, record) -> str | None:
+        """Take one record (``dispatch`` or ``where``) from process ``rank``.
+
+        Returns
+        -------
+        str or None
+            Why the record was refused, the first time a process sends one that is
+            malformed or over a bound (:mod:`.divergence_records`); that process is left
+            out of the check for the rest of the cell, and the others go on.
+        """
         proc = self.procs.get(rank)
-        if proc is None or not isinstance(record, dict):
-            return
-        if record.get("kind") == "where":
+        if proc is None or rank in self.refused:
+            return None
+        try:
+            record = checked(record)
+            if record["kind"] == "dispatch":
+                proc.count += 1
+                if proc.count > MAX_ENTRIES:
+                    raise BadRecord(f"more than {MAX_ENTRIES:,} dispatch records in one cell")
+        except BadRecord as e:
+            self.refused[rank] = str(e)
+            return (
+                f"p{rank} sent a divergence record the kernel refuses ({e}); "
+                f"p{rank} is left out of the divergence check for this cell"
+            )
+        if record["kind"] == "where":
             proc.where = record
-            return
-        if record.get("kind") != "dispatch":
-            return
-        group = tuple(r for r in record.get("procs", ()) if r in self.procs)
+            return None
+        if record["kind"] != "dispatch":
+            return None
+        group = tuple(sorted({r for r in record["procs"] if r in self.procs}))
         key = entry_key(record)
         self.seen.add(key)
         if len(group) < 2 or key in self.known:
-            return
+            return None
         seq = proc.entries.setdefault(group, [])
         self._first.setdefault(group, {}).setdefault(len(seq), self.clock())
         seq.append({**record, "_at": self.clock()})
+        return None
+
+    def _judged(self, group: tuple) -> list[int]:
+        """The processes of ``group`` the check still judges (not refused)."""
+        return [r for r in group if r not in self.refused]
 
     def finished(self, rank: int, failed: bool = False) -> None:
         """Process ``rank`` finished the cell; ``failed`` if it raised or died.
@@ -156,8 +185,12 @@ class DivergenceCheck:
         future = [t for t in times if t > self.clock()]
         return min(future) if future else None
 
-    def _compare(self, group: tuple) -> Finding | None:
-        seqs = {r: self.procs[r].entries.get(group, []) for r in group}
+    def _compare(self, key: tuple) -> Finding | None:
+        # ``key`` names the group as its records did; refused processes are not judged.
+        group = self._judged(key)
+        if len(group) < 2:
+            return None
+        seqs = {r: self.procs[r].entries.get(key, []) for r in group}
         longest = max(len(s) for s in seqs.values())
         for k in range(longest):
             have = {r: s[k] for r, s in seqs.items() if len(s) > k}
@@ -166,7 +199,7 @@ class DivergenceCheck:
                 by_key.setdefault(entry_key(e), []).append(r)
             if len(by_key) > 1:
                 since = max(e["_at"] for e in have.values())
-                self._pending = (since, group, k)
+                self._pending = (since, key, k)
                 return None
             missing = [r for r in group if r not in have]
             if not missing:
@@ -181,7 +214,7 @@ class DivergenceCheck:
                 return None
             if done:
                 late = len(done) < len(missing)
-                if late and self.clock() - self._first[group][k] < self.settle:
+                if late and self.clock() - self._first[key][k] < self.settle:
                     return None  # the others may still report it: name them all at once
                 waiting = [r for r in group if r not in done]
                 return self._found(
@@ -191,7 +224,7 @@ class DivergenceCheck:
                     f"{format_procs(waiting)} will wait for {format_procs(done)}",
                     done,
                 )
-            stuck = self._stuck(missing, self._first[group][k])
+            stuck = self._stuck(missing, self._first[key][k])
             if stuck:
                 return self._found("stuck", self._stuck_text(stuck, entry, ran), stuck)
             return None
@@ -220,16 +253,21 @@ class DivergenceCheck:
         )
 
     def _settle(self) -> None:
-        since, group, k = self._pending
+        since, key, k = self._pending
+        group = self._judged(key)
         all_done = all(self.procs[r].finished for r in group)
         if not all_done and self.clock() - since < self.settle:
             return
         # Grouped now, not when the difference appeared: late reporters join their group.
-        have = {r: seq[k] for r in group if len(seq := self.procs[r].entries.get(group, [])) > k}
+        have = {r: seq[k] for r in group if len(seq := self.procs[r].entries.get(key, [])) > k}
         by_key: dict[tuple, list[int]] = {}
         for r, e in have.items():
             by_key.setdefault(entry_key(e), []).append(r)
         groups = sorted(by_key.values(), key=lambda g: (-len(g), g[0]))
+        if len(groups) < 2:
+            # The process that differed was refused meanwhile: nothing left to name.
+            self._pending = None
+            return
         main, others = groups[0], groups[1:]
         base = have[main[0]]
         parts = []
@@ -274,10 +312,13 @@ class DivergenceWatch:
         """True when the event was a divergence record (then nothing else must see it)."""
         if kind != "iopub" or payload["header"]["msg_type"] != "display_data":
             return False
-        record = payload["content"].get("data", {}).get(self.mime)
+        data = payload["content"].get("data")
+        record = data.get(self.mime) if isinstance(data, dict) else None
         if record is None:
             return False
-        self.check.feed(rank, record)
+        refused = self.check.feed(rank, record)
+        if refused is not None:
+            self.say(f"jaxsys: {refused}\n")
         return True
 
     def tick(self, running: set[int], failed: Sequence[int] = ()) -> None:

@@ -40,6 +40,12 @@ MIME = hooks.RECORD_MIME
 SAMPLE = 0.25
 # Below this share of CPU time over one sample, the main thread counts as idle.
 IDLE_SHARE = 0.05
+# What one record carries at most: characters of a name, argument or sharding, and items
+# of a list. The kernel refuses larger records (cells/divergence_records.py, whose bounds
+# are wider), so a huge pytree or a generated name is cut here, the same way on every
+# process, and the record still compares.
+TEXT_LIMIT = 1000
+ITEMS_LIMIT = 1000
 # Path fragments of frames that are not the user's.
 _LIBRARY = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep, os.sep + "jaxsys_kernel" + os.sep)
 
@@ -88,6 +94,22 @@ def _processes(shardings) -> set[int]:
     return procs
 
 
+def clip(text: str) -> str:
+    """``text`` cut to :data:`TEXT_LIMIT` characters, saying how long it was."""
+    if len(text) <= TEXT_LIMIT:
+        return text
+    rest = f"...({len(text)} characters in all)"
+    return text[: TEXT_LIMIT - len(rest)] + rest
+
+
+def clip_list(items: list[str]) -> list[str]:
+    """``items`` cut to :data:`ITEMS_LIMIT` entries, the last saying how many were left out."""
+    items = [clip(i) for i in items[:ITEMS_LIMIT]] + items[ITEMS_LIMIT:]
+    if len(items) <= ITEMS_LIMIT:
+        return items
+    return items[: ITEMS_LIMIT - 1] + [f"...(+{len(items) - ITEMS_LIMIT + 1} more)"]
+
+
 def describe(call: dict) -> dict | None:
     """A ``dispatch`` record from the call JAX logs, or None if it spans one process.
 
@@ -103,9 +125,9 @@ def describe(call: dict) -> dict | None:
         return None
     return {
         "kind": "dispatch",
-        "name": call["name"],
-        "args": [_short(jax.typeof(a)) for a in args],
-        "shardings": [_sharding_text(s) for s in arg_shardings if s is not None],
+        "name": clip(str(call["name"])),
+        "args": clip_list([_short(jax.typeof(a)) for a in args]),
+        "shardings": clip_list([_sharding_text(s) for s in arg_shardings if s is not None]),
         "fingerprint": call["fingerprint"] or "",
         "procs": sorted(procs),
         "line": user_line(call["frame"]),
@@ -261,4 +283,4 @@ def _after(recorder: Recorder | None, _exc: BaseException | None = None) -> None
 
 hooks.register(hooks.Hook("divergence", _before, _after, _after))
 
-__all__ = ["MIME", "Recorder", "describe", "supported", "user_line"]
+__all__ = ["MIME", "Recorder", "clip", "clip_list", "describe", "supported", "user_line"]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxsys_kernel.cells import divergence
 from jaxsys_kernel.cells.divergence import DivergenceCheck, call_text, entry_key
 
 ALL = [0, 1, 2, 3]
@@ -224,3 +229,107 @@ def test_a_process_that_failed_is_left_to_the_hang_doctor():
     check.finished(2, failed=True)
     clock.now += 5
     assert check.poll() is None
+
+
+# -- records from the engines are untrusted ------------------------------------------------
+
+MALFORMED = [
+    ("not a record", "the record is str, not an object"),
+    ({**dispatch(), "args": [1, 2]}, "args holds int, not text"),
+    ({**dispatch(), "args": [["f32[8]"]]}, "args holds list, not text"),
+    ({**dispatch(), "args": "f32[8]"}, "args is str, not a list"),
+    ({**dispatch(), "procs": 4}, "procs is int, not a list of processes"),
+    ({**dispatch(), "procs": [0, "1"]}, "procs holds something that is not a process number"),
+    ({**dispatch(), "procs": [0, True]}, "procs holds something that is not a process number"),
+    ({k: v for k, v in dispatch().items() if k != "name"}, "name is NoneType, not text"),
+    ({**dispatch(), "name": {"a": 1}}, "name is dict, not text"),
+    ({**dispatch(), "name": "f" * 10_000_000}, "name is 10,000,000 characters, more than"),
+    ({**dispatch(), "shardings": ["P"] * 1_000_000}, "shardings has 1,000,000 items"),
+    ({**dispatch(), "procs": list(range(100_000))}, "procs has 100,000 items"),
+    ({**dispatch(), "line": "4"}, "line is '4', not a line number"),
+    ({**dispatch(), "fingerprint": 7}, "fingerprint is int, not text"),
+    ({"kind": "where", "line": 3, "idle": "yes", "in_jax": False}, "idle and in_jax must be"),
+]
+
+
+@pytest.mark.parametrize(("bad", "said"), MALFORMED)
+def test_a_malformed_record_is_refused_in_words_and_the_check_goes_on(bad, said):
+    check, clock = make()
+    refusal = check.feed(1, bad)
+    assert refusal is not None and said in refusal, refusal
+    assert refusal.startswith("p1 sent a divergence record the kernel refuses")
+    assert refusal.endswith("p1 is left out of the divergence check for this cell")
+    assert check.feed(1, bad) is None  # said once
+    # The others are still compared: p3 runs another shape than p0 and p2.
+    for r in ALL:
+        check.feed(r, dispatch(args=("f32[16]",) if r == 3 else ("f32[8]",)))
+    clock.now += check.settle
+    found = check.poll()
+    assert found is not None and found.ranks == (3,), found
+    assert found.message.startswith("p3 ran f(f32[16]) at line 4 where p0,2 ran f(f32[8])")
+
+
+def test_a_process_refused_after_it_differed_is_not_named():
+    check, clock = make()
+    for r in ALL:
+        check.feed(r, dispatch(args=("f32[16]",) if r == 1 else ("f32[8]",)))
+    assert check.poll() is None
+    check.feed(1, {**dispatch(), "args": None})
+    clock.now += check.settle
+    assert check.poll() is None
+    for r in ALL:
+        check.finished(r)
+    assert check.poll() is None
+
+
+def test_a_flood_of_dispatch_records_is_refused(monkeypatch):
+    monkeypatch.setattr(divergence, "MAX_ENTRIES", 50)
+    check, clock = make()
+    said = [check.feed(2, dispatch(f"f{i}")) for i in range(60)]
+    assert said[:50] == [None] * 50
+    assert "more than 50 dispatch records in one cell" in said[50]
+    assert said[51:] == [None] * 9 and len(check.procs[2].entries[tuple(ALL)]) == 50
+
+
+def test_the_watch_says_a_refusal_under_the_cell_once():
+    check, clock = make()
+    lines: list[str] = []
+    watch = divergence.DivergenceWatch(check, lines.append, "application/x-test")
+
+    def message(data):
+        return {"header": {"msg_type": "display_data"}, "content": {"data": data}}
+
+    bad = message({"application/x-test": {**dispatch(), "procs": None}})
+    assert watch.intercept(1, "iopub", bad) and watch.intercept(1, "iopub", bad)
+    assert not watch.intercept(1, "iopub", message("not a dict"))
+    assert len(lines) == 1 and lines[0].startswith("jaxsys: p1 sent a divergence record")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+records = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["dispatch", "where", "other"])},
+    optional={
+        k: json_values
+        for k in ("name", "args", "shardings", "procs", "line", "idle", "in_jax", "fingerprint")
+    },
+) | json_values
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(ALL), records), max_size=12))
+def test_any_records_never_raise_in_the_kernel(fed):
+    check, clock = make()
+    for rank, record in fed:
+        said = check.feed(rank, record)
+        assert said is None or said.startswith(f"p{rank} sent")
+        clock.now += 0.3
+        check.poll()
+        check.next_deadline()
+    for r in ALL:
+        check.finished(r)
+    clock.now += 5
+    check.poll()

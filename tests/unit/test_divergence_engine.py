@@ -53,3 +53,21 @@ def test_a_failure_while_recording_stops_the_check_not_the_dispatch(capsys, monk
     assert rec.filter(record) is True
     assert rec.active is False
     assert "the divergence check stopped for this cell" in capsys.readouterr().err
+
+
+def test_records_are_cut_to_what_the_kernel_accepts():
+    from jaxsys_kernel.cells.divergence_records import BadRecord, checked
+    from jaxsys_kernel.engine import divergence as engine_side
+
+    name = engine_side.clip("f" * 50_000)
+    args = engine_side.clip_list(["f32[8]"] * 20_000)
+    assert len(name) == engine_side.TEXT_LIMIT and name.endswith("...(50000 characters in all)")
+    assert len(args) == engine_side.ITEMS_LIMIT and args[-1] == "...(+19001 more)"
+    record = {"kind": "dispatch", "name": name, "args": args, "shardings": [], "procs": [0, 1]}
+    assert checked(record)["args"] == args
+    try:
+        checked({**record, "name": "f" * 50_000})
+    except BadRecord as e:
+        assert "name is 50,000 characters" in str(e)
+    else:
+        raise AssertionError("an over-long name was accepted")
