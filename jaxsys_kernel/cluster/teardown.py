@@ -169,9 +169,8 @@ def census(world) -> list[int]:
         if launcher.launcher_pids_here:
             for es in list(ipp.engines.values()):
                 pids.update(launcher_pids(es))
-    if launcher.engine_pids_here:
-        for p in world.processes:
-            pids.update(pid for pid in (p.pid, p.nanny_pid) if pid)
+    for p in launcher.local_engines(world.processes):
+        pids.update(pid for pid in (p.pid, p.nanny_pid) if pid)
     # Launchers report -1 for a process that never started.
     return sorted(pid for pid in pids if isinstance(pid, int) and pid > 1)
 

@@ -5,7 +5,9 @@ now names another process is never signalled."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -83,6 +85,27 @@ def test_what_cells_started_ends_with_restart_and_with_stop(cluster):
     assert all(_alive(m["child"]) for m in second)
     cluster.kill()
     _wait_gone([m["child"] for m in second], "children of the stopped world's engines")
+
+
+def test_what_cells_started_on_mpi_ranks_ends_with_restart_and_with_stop(monkeypatch):
+    if shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpiexec and mpi4py")
+    tag = new_tag()
+    monkeypatch.setenv("JAXSYS_TEST_RUN", tag)
+    # Every rank on this machine; Open MPI makes each the leader of a process group.
+    c = Cluster(hosts=2, devices_per_host=1, launcher="mpi", env={"JAX_PLATFORMS": "cpu"},
+                progress=lambda e: None)  # fmt: skip
+    second = []
+    try:
+        c.start_sync()
+        first = c.world.view.apply_sync(_start_sleep)
+        c.restart_sync()
+        _wait_gone([m["child"] for m in first], "children of the old world's MPI ranks")
+        second = c.world.view.apply_sync(_start_sleep)
+    finally:
+        c.kill()
+    _wait_gone([m["child"] for m in second], "children of the stopped world's MPI ranks")
+    assert not wait_no_processes(tag, timeout=15)
 
 
 def test_an_engine_holding_the_gil_is_gone_before_the_new_world_is_ready(cluster, tmp_path):

@@ -470,10 +470,8 @@ class Launcher:
         """SIGKILL the engines these launchers started, where they run, and wait (bounded)
         until the local ones are gone. Blocking: call it off the event loop.
 
-        ``processes`` are the records of the engines being killed: where their pids are
-        pids of this machine, each engine's own process group goes too (what its cells
-        started), whatever launched it; a pid that now belongs to another process is left
-        alone.
+        Of ``processes`` (those being killed), each :meth:`local_engines` goes with its
+        process group, unless its pid now names another process.
         """
         self.kill_remote(engine_sets)
         here = (
@@ -481,10 +479,15 @@ class Launcher:
             if self.launcher_pids_here
             else []
         )
-        own = [p for p in processes if p.pid] if self.engine_pids_here else []
+        own = self.local_engines(processes)
         pids = [*(p.pid for p in own), *here]
         killpg_all(pids, engine_start_times(own))
         wait_gone(pids, ENGINE_KILL_WAIT_S)
+
+    def local_engines(self, processes: Sequence[ProcessInfo]) -> list[ProcessInfo]:
+        """The processes whose engine pids are pids of this machine: a teardown kills
+        them here, each with its process group (what its cells started)."""
+        return [p for p in processes if p.pid] if self.engine_pids_here else []
 
     def kill_rank(self, rank: int, p: ProcessInfo) -> None:
         """SIGKILL the engine of one rank (blocking), if it may still run."""
