@@ -113,26 +113,18 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
     telemetry = _from_world("telemetry", "The telemetry hub, or None.")
     coordinator_address = _from_world("coordinator_address", "The coordination service.")
 
-    # The options, read-only: they are the validated ``config``.
-    host_names = _from_config("host_names", "Host names (one process each), or None.")
+    # The options read through the facade, read-only; every other one is on ``config``.
     nprocs = _from_config("nprocs", "Number of JAX processes.")
     devices_per_host = _from_config("devices_per_host", "CPU devices each process simulates.")
     launcher = _from_config("launcher", "The launcher's name (see launcher_names()).")
     cache_dir = _from_config("cache_dir", "Persistent compilation cache directory, or None.")
     register_timeout = _from_config("register_timeout", "Seconds allowed for registration.")
-    init_timeout = _from_config("init_timeout", "Seconds allowed for JAX's initialisation.")
     env = _from_config("env", "Extra environment variables for every process.")
-    process_env = _from_config("process_env", "Extra environment variables by rank.")
     heartbeat_timeout = _from_config("heartbeat_timeout", "JAX's heartbeat timeout (s).")
     recoverable = _from_config("recoverable", "Whether JAX runs with recoverability.")
-    addresses = _from_config("addresses", "Each process's network address, if placed.")
-    controller_ip = _from_config("controller_ip", "Where the controller listens, if given.")
-    process_prefix = _from_config("process_prefix", "Command prefix by rank, if placed.")
-    launcher_options = _from_config("launcher_options", "Settings of ipyparallel's launcher.")
     secure = _from_config("secure", "Whether mTLS and CurveZMQ are on.")
     telemetry_enabled = _from_config("telemetry", "Whether engines run a telemetry agent.")
     ca_file = _from_config("ca_file", "The user's CA certificate, or None.")
-    cert_dir = _from_config("cert_dir", "The user's certificate directory, or None.")
 
     @property
     def _ipp(self):
