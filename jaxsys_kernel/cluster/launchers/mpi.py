@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shlex
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -131,12 +132,14 @@ class MpiLauncher(Launcher):
         self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
 
     def local_engines(self, processes):
-        # Without a hostfile every rank runs on this machine. Open MPI makes each rank the
-        # leader of a process group, which mpiexec's death does not end: what a cell
-        # started would outlive the world.
+        # Without a hostfile the ranks run on this machine (mpi_args may name other hosts:
+        # the host each reported decides). Open MPI makes each rank the leader of a
+        # process group, which mpiexec's death does not end: what a cell started would
+        # outlive the world.
         if self.config.launcher_options.get("hostfile"):
             return super().local_engines(processes)
-        return [p for p in processes if p.pid]
+        here = socket.gethostname()
+        return [p for p in processes if p.pid and p.host == here]
 
     def engine_env(self, rank, ctx):
         return {**self.mpiexec_env(), **super().engine_env(rank, ctx)}
