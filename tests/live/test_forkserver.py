@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -253,6 +254,52 @@ def test_the_fork_servers_death_is_reported_with_what_to_do(pair):
     )
     assert "fork server" not in pair.processes[1].died, pair.processes[1].died
     # The stop (the fixture's kill) leaves no process.
+
+
+PIDS_CGROUPS = Path("/sys/fs/cgroup/pids")
+
+
+@pytest.fixture
+def no_more_processes():
+    """Put a process in a pids cgroup that allows no new process, as a full machine would."""
+    if not (PIDS_CGROUPS / "cgroup.procs").exists() or not os.access(PIDS_CGROUPS, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 pids hierarchy")
+    group = PIDS_CGROUPS / f"jaxsys-test-{new_tag()}"
+    group.mkdir()
+
+    def limit(pid: int) -> None:
+        (group / "cgroup.procs").write_text(str(pid))
+        # Its threads are tasks too: as many as it has now, and not one more.
+        (group / "pids.max").write_text((group / "pids.current").read_text())
+
+    try:
+        yield limit
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (PIDS_CGROUPS / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # gone already
+        _wait(lambda: not (group / "cgroup.procs").read_text().split(), "an empty cgroup", 15)
+        group.rmdir()
+
+
+def test_a_failed_fork_starts_a_plain_engine_and_status_says_so(pair, no_more_processes):
+    server = pair.world.launcher.forks
+    no_more_processes(server.pid)
+    pair.restart_sync()
+    me = pair.world.view.apply_sync(_me)
+    assert all(m["ppid"] != server.pid for m in me), "an engine was forked after all"
+    assert pair.world.view.apply_sync(_sum_of_ranks) == [1, 1]
+    assert _alive(server.pid)
+    line = forks.status_line(pair)
+    assert "2 engine(s) started plain after a failed fork" in line, line
+    text = "".join(
+        sub.get_output() or ""
+        for r in pair.ranks
+        for sub in sub_launchers(pair.world.launcher.engine_set(r))
+    )
+    assert "started without the fork server (the fork failed" in text
 
 
 OWNER = textwrap.dedent(
