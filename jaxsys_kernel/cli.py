@@ -389,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     ik.add_argument(
         "--prefix", default=None, help="install under PREFIX (default: this environment)"
     )
-    ik.add_argument("--hosts", type=int, default=4)
-    ik.add_argument("--devices-per-host", type=int, default=2)
+    # Left out: the cluster options' declared defaults.
+    ik.add_argument("--hosts", type=int, default=None)
+    ik.add_argument("--devices-per-host", type=int, default=None)
     return p
 
 

@@ -15,17 +15,30 @@ from .logo import write_logos
 KERNEL_NAME = "jaxsys"
 
 
-def kernel_spec(hosts: int = 4, devices_per_host: int = 2, python: str | None = None) -> dict:
+def _declared(name: str) -> int:
+    """The default :class:`~jaxsys_kernel.cluster.config.ClusterConfig` declares for ``name``."""
+    from ..cluster.config import ClusterConfig
+
+    return ClusterConfig.__dataclass_fields__[name].default
+
+
+def kernel_spec(
+    hosts: int | None = None, devices_per_host: int | None = None, python: str | None = None
+) -> dict:
     """The ``kernel.json`` content for the jaxsys kernel.
 
     Parameters
     ----------
-    hosts, devices_per_host : int
+    hosts, devices_per_host : int, optional
         Defaults for clusters started by the kernel, written into the spec's environment
-        (``contract.HOSTS``, ``contract.DEVICES_PER_HOST``).
+        (``contract.HOSTS``, ``contract.DEVICES_PER_HOST``); ``ClusterConfig``'s declared
+        defaults when not given.
     python : str, optional
         Interpreter that runs the kernel; this one by default.
     """
+    hosts = _declared("hosts") if hosts is None else hosts
+    if devices_per_host is None:
+        devices_per_host = _declared("devices_per_host")
     return {
         "argv": [python or sys.executable, "-m", "jaxsys_kernel", "-f", "{connection_file}"],
         "display_name": "jaxsys (multi-host JAX)",
@@ -39,8 +52,8 @@ def kernel_spec(hosts: int = 4, devices_per_host: int = 2, python: str | None = 
 def install_kernel_spec(
     prefix: str | None = None,
     user: bool = False,
-    hosts: int = 4,
-    devices_per_host: int = 2,
+    hosts: int | None = None,
+    devices_per_host: int | None = None,
 ) -> str:
     """Install the jaxsys kernelspec and return the directory it was written to.
 
@@ -51,8 +64,8 @@ def install_kernel_spec(
         ``user`` is set.
     user : bool
         Install for the current user instead.
-    hosts, devices_per_host : int
-        Cluster defaults written into the spec's environment.
+    hosts, devices_per_host : int, optional
+        Cluster defaults written into the spec's environment (see :func:`kernel_spec`).
     """
     if not user and prefix is None:
         prefix = sys.prefix
