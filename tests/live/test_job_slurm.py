@@ -139,3 +139,36 @@ def test_a_slurm_jobs_script_names_no_path_and_runs_none(tmp_path):
     args = (out / "srun.args").read_text().splitlines()
     assert args[-1] == "program.py" and "--output=./p%t.out" in args
     assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+
+
+def test_a_notebook_named_with_a_space_runs_under_slurm_and_its_timeout_cancels_the_job(
+    hosts, tmp_path
+):
+    # In a folder whose name is a command substitution, which must not run.
+    folder = tmp_path / "$(touch PWNED) my nb"
+    folder.mkdir()
+    start = "%jaxsys start --hosts 2 --devices-per-host 1"
+    ran = _nb(folder, "my notebook.ipynb", start, "%%multihost\nimport jax\nprint('hi')")
+    r = _job(str(ran), "--launcher", "slurm", "--sbatch-arg=--nodes=2")
+    assert r.returncode == 0, f"{r.stderr}{r.stdout}\n{hosts.log_tail()}"
+    log = (folder / "my notebook-job" / "job.log").read_text()
+    assert log == "--- cell 1 ---\n[p0-1] hi\njaxsys job: ended: finished: 1 cells on 2 processes\n"
+    assert not list(tmp_path.rglob("PWNED")) and not (REPO / "PWNED").exists()
+    hosts.wait_queue_empty()
+    # The job's time is up while its processes sleep: the Slurm job is cancelled, not left
+    # holding its nodes until its time limit.
+    sleeps = _nb(folder, "sleeps.ipynb", start, "%%multihost\nimport time\ntime.sleep(600)")
+    r = _job(str(sleeps), "--launcher", "slurm", "--timeout", "20")
+    assert r.returncode == 124, r.stderr
+    log = (folder / "sleeps-job" / "job.log").read_text()
+    (last,) = log.splitlines()[-1:]
+    assert last.startswith("jaxsys job: ended: timeout after 20 s; its job cancelled"), log
+    hosts.wait_queue_empty()
+    assert not [pid for pid in hosts.namespace_pids() if _runs_program(pid)]
+
+
+def _runs_program(pid: int) -> bool:
+    try:
+        return b"program.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
