@@ -369,3 +369,16 @@ def test_the_fork_socket_is_listed_by_the_security_audit(tmp_path):
     assert endpoint.address == server.socket_path and endpoint.pid == 4321
     assert "fork server" in endpoint.name and endpoint.protection != "nothing"
     assert "fork server" in audit.format_audit([endpoint])
+
+
+def test_jaxsys_status_has_the_fork_servers_line(shell, session, capsys, tmp_path):
+    line = "jaxsys fork server: refused a request: the fork failed (Cannot allocate memory)\n"
+    session.cluster.world = types.SimpleNamespace(
+        launcher=types.SimpleNamespace(forks=_kernel_side(tmp_path, line))
+    )
+    shell.run_line_magic("jaxsys", "status")
+    out = capsys.readouterr().out
+    assert "fork server: pid 4321, serving; 1 engine(s) started plain after a failed fork" in out
+    session.cluster.world = None
+    shell.run_line_magic("jaxsys", "status")
+    assert "fork server" not in capsys.readouterr().out
