@@ -284,7 +284,8 @@ class CellResult:
         self.bundles = bundles
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        texts = {r: b.get("text/plain", "") for r, b in self.bundles.items()}
+        # A bundle comes from an engine: a text that is not text is shown as what it is.
+        texts = {r: _text(b.get("text/plain", "")) for r, b in self.bundles.items()}
         if len(set(texts.values())) == 1:
             return next(iter(self.bundles.values()))
         groups: dict[str, list[int]] = {}
@@ -296,13 +297,21 @@ class CellResult:
         return self._repr_mimebundle_()["text/plain"]
 
 
+def _text(value) -> str:
+    return value if isinstance(value, str) else f"<{type(value).__name__} sent as text>"
+
+
 def cell_result(run: CellRun, sink: Sink | None = None) -> CellResult | None:
     """The cell's value for the kernel to display, or None if it had none.
 
     When the value is a mesh, a sharding or an array, its view is shown first (once, from
     the first process's summary) and the value's text follows as the cell's result.
     """
-    bundles = {r: dict(run.results[r].result) for r in run.procs if run.results[r].result}
+    bundles = {
+        r: dict(run.results[r].result)
+        for r in run.procs
+        if isinstance(run.results[r].result, dict) and run.results[r].result
+    }
     if not bundles:
         return None
     summaries = [b.pop(SUMMARY_MIME) for b in bundles.values() if SUMMARY_MIME in b]

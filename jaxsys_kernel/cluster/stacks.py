@@ -20,16 +20,20 @@ DUMP_QUIET_S = 0.1
 _POLL_S = 0.02
 # Relayed dumps make a round trip through the engine's relay thread and the hub.
 MIN_RELAY_TIMEOUT = 3.0
+# Most bytes of one dump read from a stack file. faulthandler writes at most 100 threads
+# of 100 frames, some tens of kilobytes; the file is the engine's, and cell code can write
+# into it, so what is read of it is bounded as a relayed dump is.
+MAX_DUMP_BYTES = 512 * 1024
 
 Signal = Callable[[list[int], int], object]
 
 
-def read_from(path: Path, offset: int) -> str:
-    """What a file holds from ``offset`` on (empty if it cannot be read)."""
+def read_from(path: Path, offset: int, limit: int = MAX_DUMP_BYTES) -> str:
+    """What a file holds from ``offset`` on, at most ``limit`` bytes (empty if unreadable)."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            return f.read().decode("utf-8", "replace")
+            return f.read(limit).decode("utf-8", "replace")
     except OSError:
         return ""
 
