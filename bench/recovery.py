@@ -1,0 +1,217 @@
+"""Train the example language model through faults; compare with an undisturbed run.
+
+What is measured, in one run
+----------------------------
+A reference run trains ``--steps`` steps without a fault. Then, per trial and fault kind, the
+same training starts from an empty checkpoint directory and, at a random step, one random
+process gets:
+
+* ``kill``: SIGKILL (the process dies; the others wait in a collective),
+* ``term``: SIGTERM, a preemption notice (JAX's sync point makes every process save the same
+  step and return).
+
+jaxsys then restarts the world and the same call resumes from the latest checkpoint. Per fault
+kind the script prints: **detected** (seconds from the signal to the cell being judged failed,
+after ``--grace``, or to the preemption save), **restart** (the world's restart, seconds),
+**next good step** (seconds from detection to the first step the resumed run prints: the
+restart, the imports, the restore and the first compiled step), **recomputed** (steps done before the fault that the resume does
+again), whether the final parameters and optimizer state are **bitwise equal** to the
+reference, and the load average. It also prints the steps per second of the reference.
+
+Usage: ``python bench/recovery.py [--trials N] [--hosts H --devices D] [--steps S --every K]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxsys_kernel import Cluster  # noqa: E402
+from jaxsys_kernel import cells as executor  # noqa: E402
+
+SETUP = "import json, os, time, jax\nfrom jaxsys_kernel.examples import train\n"
+# Process 0 leaves a mark after each step, so that the fault lands after a chosen step.
+TRAIN = """def _mark(s):
+    if jax.process_index() == 0:
+        open(os.path.join({marks!r}, str(s)), "w").close()
+r = train.train({steps}, {ckpt!r}, every={every}, log_every=1, after_step=_mark)
+r = {{k: r[k] for k in ("step", "start", "preempted", "fingerprint")}}
+print("RESULT", jax.process_index(), json.dumps(r))
+"""
+STEP = re.compile(r"step (\d+) loss")
+WAIT_LIMIT = 120.0
+
+
+class Timed(executor.Sink):
+    """Keeps the output, and the time each step was first printed."""
+
+    def __init__(self):
+        super().__init__()
+        self.text = ""
+        self.steps: dict[int, float] = {}
+        self.saved_at: float | None = None
+
+    def stdout(self, text):
+        now = time.monotonic()
+        self.text += text
+        for m in STEP.finditer(text):
+            self.steps.setdefault(int(m[1]), now)
+        if self.saved_at is None and "preempted: saved step" in text:
+            self.saved_at = now
+
+    stderr = stdout
+
+
+def results(text: str) -> dict[int, dict]:
+    return {int(m[1]): json.loads(m[2]) for m in re.finditer(r"RESULT (\d+) (\{.*\})", text)}
+
+
+def train_cell(cluster, args, ckpt: str, marks: str, judged: list) -> tuple[Timed, object]:
+    sink = Timed()
+    code = TRAIN.format(steps=args.steps, ckpt=ckpt, every=args.every, marks=marks)
+
+    def on_hang(_run):
+        judged.append(time.monotonic())
+        return "report"
+
+    run = executor.execute(
+        cluster, code, sink=sink, timeout=WAIT_LIMIT, grace=args.grace, on_hang=on_hang
+    )
+    return sink, run
+
+
+def fault_at(cluster, marks: str, step: int, rank: int, sig: int, sent: list) -> None:
+    """Send ``sig`` to process ``rank`` once process 0 has finished ``step``."""
+    deadline = time.monotonic() + WAIT_LIMIT
+    while not os.path.exists(os.path.join(marks, str(step))):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+    os.kill(cluster.processes[rank].pid, sig)
+    sent.append(time.monotonic())
+
+
+def fresh_world(cluster) -> float:
+    """Restart the world and import the program again; the restart's seconds."""
+    took = cluster.restart_sync()
+    executor.raise_for_run(executor.execute(cluster, SETUP, sink=Timed()))
+    return took
+
+
+def reference(cluster, args, tmp: str) -> tuple[str, float]:
+    """The undisturbed run's fingerprint and its steps per second after the first step."""
+    marks = tempfile.mkdtemp(dir=tmp)
+    sink, run = train_cell(cluster, args, os.path.join(tmp, "reference"), marks, [])
+    executor.raise_for_run(run)
+    got = results(sink.text)
+    assert len({r["fingerprint"] for r in got.values()}) == 1, sink.text
+    t = sink.steps
+    rate = (args.steps - 1) / (t[args.steps] - t[1])
+    return got[0]["fingerprint"], rate
+
+
+def trial(cluster, args, kind: str, ref: str, tmp: str) -> dict:
+    """One fault of ``kind`` at a random step, the restart, and the resume."""
+    ckpt, marks = tempfile.mkdtemp(dir=tmp), tempfile.mkdtemp(dir=tmp)
+    # In the first half, so that a preemption notice has time to reach every process.
+    at = random.randint(2, args.steps // 2)
+    rank = random.randrange(len(cluster.processes))
+    sig = signal.SIGKILL if kind == "kill" else signal.SIGTERM
+    sent: list[float] = []
+    judged: list[float] = []
+    sender = threading.Thread(target=fault_at, args=(cluster, marks, at, rank, sig, sent))
+    sender.start()
+    sink, _run = train_cell(cluster, args, ckpt, marks, judged)
+    sender.join()
+    detected = sink.saved_at if kind == "term" else (judged[0] if judged else None)
+    before = max(sink.steps, default=0)
+    same_step = None
+    if kind == "term":
+        got = results(sink.text)
+        steps = {r["step"] for r in got.values() if r["preempted"]}
+        same_step = len(steps) == 1 and len(got) == len(cluster.processes)
+    restart = fresh_world(cluster)
+    resumed, run = train_cell(cluster, args, ckpt, tempfile.mkdtemp(dir=tmp), [])
+    executor.raise_for_run(run)
+    got = results(resumed.text)
+    start = got[0]["start"]
+    first = min(resumed.steps.values(), default=None)
+    return {
+        "step": at,
+        "rank": rank,
+        "detect": None if detected is None or not sent else detected - sent[0],
+        "next_good": None if detected is None or first is None else first - detected,
+        "restart": restart,
+        "recomputed": max(0, before - start),
+        "equal": all(r["fingerprint"] == ref for r in got.values()),
+        "same_step": same_step,
+    }
+
+
+def summary(kind: str, rows: list[dict]) -> str:
+    def stat(key):
+        vals = [r[key] for r in rows if r[key] is not None]
+        return f"{max(vals):.2f}" if vals else "-"
+
+    equal = sum(r["equal"] for r in rows)
+    line = (
+        f"{kind:5} trials {len(rows)}  detected <= {stat('detect')} s  "
+        f"restart <= {stat('restart')} s  next good step <= {stat('next_good')} s  recomputed <= "
+        f"{max(r['recomputed'] for r in rows)} steps  bitwise equal {equal}/{len(rows)}"
+    )
+    if kind == "term":
+        # Counted only when every process stopped at the sync point, at one step.
+        line += f"  same step saved {sum(bool(r['same_step']) for r in rows)}/{len(rows)}"
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=1, help="trials per fault kind (default 1)")
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--devices", type=int, default=1, help="devices per process")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--every", type=int, default=5, help="checkpoint interval in steps")
+    ap.add_argument("--grace", type=float, default=1.0, help="seconds before a cell is hung")
+    ap.add_argument("--kinds", default="kill,term", help="kill,term; empty: the reference only")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if set(kinds) - {"kill", "term"}:
+        ap.error(f"--kinds takes kill and term, comma-separated (got {args.kinds!r})")
+    random.seed(args.seed)
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="jaxsys-recovery-") as tmp:
+        cluster = Cluster(hosts=args.hosts, devices_per_host=args.devices, progress=lambda e: None)
+        cluster.start_sync()
+        try:
+            executor.raise_for_run(executor.execute(cluster, SETUP, sink=Timed()))
+            ref, rate = reference(cluster, args, tmp)
+            print(f"{args.hosts} x {args.devices}: {rate:.1f} steps/s (reference, after step 1)")
+            for kind in kinds:
+                rows = [trial(cluster, args, kind, ref, tmp) for _ in range(args.trials)]
+                for r in rows:
+                    print(f"  {kind} {r}")
+                print(summary(kind, rows))
+        finally:
+            cluster.kill()
+    left = [p.pid for p in psutil.Process().children(recursive=True)]
+    print(f"processes left: {len(left)}")
+    print(f"load average: start {load0[0]:.2f}, end {os.getloadavg()[0]:.2f} (2-core machine)")
+
+
+if __name__ == "__main__":
+    main()
