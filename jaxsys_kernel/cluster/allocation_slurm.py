@@ -23,7 +23,13 @@ from typing import Any
 
 from .allocation import Allocation, JobState, JobStatus, register, state_dir
 from .records import ClusterStartError
-from .slurm_watch import COMMAND_TIMEOUT_S, cancel_job, start_watchdog
+from .slurm_watch import (
+    COMMAND_TIMEOUT_S,
+    JOB_OWN_STEPS,
+    cancel_job,
+    run_slurm,
+    start_watchdog,
+)
 
 __all__ = ["SlurmAllocation", "SlurmError", "batch_script", "cancel_job", "kill_steps"]
 
@@ -204,6 +210,7 @@ class SlurmAllocation(Allocation):
             "srun",
             f"--jobid={self.job_id}",
             f"--ntasks={ntasks}",
+            f"--job-name={STEP_NAME}",
             "--overlap",
             "--kill-on-bad-exit=0",
             *self.options.get("srun_args", ()),
@@ -217,35 +224,31 @@ class SlurmAllocation(Allocation):
         return cls(name=d.get("name", "jaxsys"), ntasks=d.get("ntasks", 1), job_id=d["job_id"])
 
 
+#: The name of every job step jaxsys launches; cleanup touches no step without it.
+STEP_NAME = "jaxsys-engines"
+
+
 def job_steps(job_id: str) -> list[str]:
-    """The ids (``J.0``, ``J.1``...) of the job's steps other than its batch script's."""
-    try:
-        r = subprocess.run(
-            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"],
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
+    """The ids (``J.0``, ``J.1``...) of the job's steps that jaxsys launched (those named
+    :data:`STEP_NAME`): never the batch script's, nor a step of the job's owner (their own
+    ``srun``, the JupyterLab a job runs)."""
+    r = run_slurm(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"])
+    if r is None or r.returncode != 0:
         return []
-    steps = r.stdout.split() if r.returncode == 0 else []
-    return [s for s in steps if s.rpartition(".")[2] not in ("batch", "extern", "interactive")]
+    steps = []
+    for line in r.stdout.splitlines():
+        step, _, name = line.strip().partition(" ")
+        if name.strip() == STEP_NAME and step.rpartition(".")[2] not in JOB_OWN_STEPS:
+            steps.append(step)
+    return steps
 
 
 def kill_steps(job_id: str) -> None:
-    """SIGKILL the processes of the job's steps; the job (its batch script) stays.
+    """SIGKILL the processes of the steps jaxsys launched in the job; the job (its batch
+    script) and every other step stay.
 
     Each step is named: Slurm takes SIGKILL sent to the job itself as its cancellation.
     """
-    if shutil.which("scancel") is None:
-        return
     steps = job_steps(job_id)
-    if not steps:
-        return
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(
-            ["scancel", "-s", "KILL", *steps],
-            capture_output=True,
-            timeout=COMMAND_TIMEOUT_S,
-            check=False,
-        )
+    if steps:
+        run_slurm(["scancel", "-s", "KILL", *steps])

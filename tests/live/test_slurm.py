@@ -252,3 +252,51 @@ def test_the_job_goes_when_its_owner_dies_while_slurmctld_is_down(hosts, tmp_pat
         _kill(owner)
     # The next try after slurmctld is back cancels the job.
     assert _drained(hosts) < DRAIN_S + BACKOFF_MAX_S
+
+
+def _steps(job_id: str) -> list[str]:
+    r = subprocess.run(
+        ["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    steps = (line.strip() for line in r.stdout.splitlines())
+    return sorted(s for s in steps if s and not s.endswith((" batch", " extern")))
+
+
+def test_the_users_own_step_outlives_a_cluster_attached_to_its_job(hosts, tmp_path):
+    # The user's job runs a long step of its own (as a Lab's job runs jupyterhub-singleuser).
+    script = tmp_path / "mine.sbatch"
+    script.write_text(
+        "#!/bin/sh\n#SBATCH --ntasks=3\n#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --output={tmp_path}/mine.out\n"
+        "srun --overlap --ntasks=1 --job-name=mine sleep 600\n"
+    )
+    r = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=20
+    )
+    job_id = r.stdout.strip().split(";")[0]
+    assert r.returncode == 0 and job_id, r.stderr
+    try:
+        _wait(lambda: f"{job_id}.0 mine" in _steps(job_id), 60, "the user's step running")
+        c = Cluster(
+            hosts=3,
+            devices_per_host=1,
+            launcher="slurm",
+            env={"JAX_PLATFORMS": "cpu"},
+            launcher_options={"job_id": job_id},
+        )
+        try:
+            c.start_sync()
+            assert _only_line(run_on(c, SUM_CELL)) == "total 6.0 devices 3"
+            c.restart_sync()  # kills the engines' step, and only it
+            assert f"{job_id}.0 mine" in _steps(job_id)
+            assert _only_line(run_on(c, SUM_CELL)) == "total 6.0 devices 3"
+        finally:
+            c.kill()
+        _wait(lambda: _steps(job_id) == [f"{job_id}.0 mine"], DRAIN_S, "only the user's step")
+        assert hosts.queue() == [f"{job_id} RUNNING"]
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=20, check=False)
+    _drained(hosts)

@@ -1,5 +1,6 @@
 """What the Slurm and MPI launchers ask of their tools, with the tools replaced: a world
-restart under Slurm signals the engines' steps and never the job; Open MPI is told to
+restart under Slurm signals the engines' steps (those jaxsys named) and never the job or
+another step; Open MPI is told to
 export every engine variable to ranks on other hosts; Slurm's step-cancelled line is no
 output of a notebook's job."""
 
@@ -7,39 +8,48 @@ from __future__ import annotations
 
 import subprocess
 
-from jaxsys_kernel.cluster import allocation_slurm
+from jaxsys_kernel.cluster import allocation_slurm, slurm_watch
 from jaxsys_kernel.cluster.config import ClusterConfig
 from jaxsys_kernel.cluster.launchers import make_launcher, mpi
 from jaxsys_kernel.job import collate_outputs
 from jaxsys_kernel.job.program import CELL_MARK, Cell, Program
 
 
-def test_killing_the_steps_names_each_step_and_never_the_job(monkeypatch):
+def _slurm(monkeypatch, steps: str) -> list[list[str]]:
     calls = []
 
     def run(argv, **kwargs):
         calls.append(argv)
-        out = "12.0\n12.batch\n12.1\n12.extern\n" if argv[0] == "squeue" else ""
-        return subprocess.CompletedProcess(argv, 0, out, "")
+        return subprocess.CompletedProcess(argv, 0, steps if argv[0] == "squeue" else "", "")
 
-    monkeypatch.setattr(allocation_slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(allocation_slurm.subprocess, "run", run)
+    monkeypatch.setattr(slurm_watch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(slurm_watch.subprocess, "run", run)
+    return calls
+
+
+def test_killing_the_steps_names_each_of_jaxsys_steps_and_never_the_job(monkeypatch):
+    name = allocation_slurm.STEP_NAME
+    calls = _slurm(
+        monkeypatch,
+        f"12.0 {name}\n12.batch batch\n12.1 {name}\n12.2 jupyterhub-singleuser\n"
+        "12.3 sleep\n12.extern extern\n",
+    )
     allocation_slurm.kill_steps("12")
-    # SIGKILL sent to job 12 itself would cancel it.
+    # SIGKILL sent to job 12 itself would cancel it; 12.2 and 12.3 are the owner's.
     assert calls[-1] == ["scancel", "-s", "KILL", "12.0", "12.1"]
 
 
-def test_no_step_means_no_scancel(monkeypatch):
-    calls = []
-
-    def run(argv, **kwargs):
-        calls.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "12.batch\n", "")
-
-    monkeypatch.setattr(allocation_slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(allocation_slurm.subprocess, "run", run)
+def test_no_step_of_jaxsys_means_no_scancel(monkeypatch):
+    calls = _slurm(monkeypatch, "12.batch batch\n12.0 bash\n")
     allocation_slurm.kill_steps("12")
     assert [c[0] for c in calls] == ["squeue"]
+
+
+def test_the_engines_step_carries_jaxsys_name():
+    from jaxsys_kernel.cluster.allocation_slurm import SlurmAllocation
+
+    argv = SlurmAllocation(job_id="12").step_command(3)
+    assert f"--job-name={allocation_slurm.STEP_NAME}" in argv
 
 
 def test_open_mpi_is_told_to_export_every_engine_variable(monkeypatch):
