@@ -334,3 +334,31 @@ def test_nothing_outlives_the_process_that_started_the_cluster():
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)
     assert not wait_no_processes(tag, timeout=15)
+
+
+def test_a_killed_kernels_socket_directory_is_removed_by_the_next_start(tmp_path):
+    # A temporary directory too long for a socket path under the profile: the socket goes to
+    # a short directory of its own, which a kernel killed with SIGKILL cannot remove.
+    tmpdir = tmp_path / ("t" * 70)
+    tmpdir.mkdir()
+    tag = new_tag()
+    env = {**os.environ, "JAXSYS_TEST_RUN": tag, "TMPDIR": str(tmpdir)}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER.replace("standby=1", "standby=0")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = owner.stdout.readline()
+        assert line.split()[0] == "ready", line
+        left = list(Path("/tmp").glob(f"{forks.SOCKET_DIR_PREFIX}{owner.pid}-*"))
+        assert len(left) == 1 and (left[0] / "s").exists(), left
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+    assert not wait_no_processes(tag, timeout=15)
+    assert left[0].exists()
+    # What every fork server's start does first.
+    assert left[0] in forks.remove_stale_socket_dirs()
+    assert not left[0].exists()

@@ -37,13 +37,21 @@ _TAIL_LINES = 12
 log = logging.getLogger(__name__)
 
 
+def _socket_base() -> str:
+    # The temporary directory, unless it is itself too long for a socket path (a batch
+    # system's per-job TMPDIR can be).
+    base = tempfile.gettempdir()
+    return base if len(base) <= _MAX_SOCKET_PATH - 40 else "/tmp"
+
+
 def remove_stale_socket_dirs(base: str | os.PathLike | None = None) -> list[Path]:
     """Delete socket directories whose owner (the pid in their name) is gone.
 
     Parameters
     ----------
     base : path-like, optional
-        Where they are made; the system temporary directory by default.
+        Where they are made; the system temporary directory (or /tmp, when that is too
+        long for a socket path) by default.
 
     Returns
     -------
@@ -51,7 +59,7 @@ def remove_stale_socket_dirs(base: str | os.PathLike | None = None) -> list[Path
         The directories removed.
     """
     removed = []
-    for path in Path(base or tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
+    for path in Path(base or _socket_base()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
         owner = path.name.removeprefix(SOCKET_DIR_PREFIX).split("-")[0]
         if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
             continue
@@ -86,7 +94,9 @@ class ForkServer:
         # Left by kernels killed with SIGKILL (a stop removes its own).
         remove_stale_socket_dirs()
         if len(self.socket_path) > _MAX_SOCKET_PATH:
-            self._socket_dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+            self._socket_dir = tempfile.mkdtemp(
+                prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-", dir=_socket_base()
+            )
             self.socket_path = os.path.join(self._socket_dir, "s")
         self.ready_wait = ready_wait
         self.log_path = profile / "forkserver.log"
