@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import tempfile
 import time
 
 from jaxsys_kernel import Cluster
@@ -62,13 +64,15 @@ def timed(cluster, hooks) -> float:
 
 
 def one_size(n: int) -> None:
+    # The merged traces would otherwise be kept in jaxsys-traces/ here.
+    bench_dir = tempfile.mkdtemp(prefix="jaxsys-bench-traces-")
     cluster = Cluster(hosts=n, devices_per_host=1, progress=lambda e: None)
     cluster.start_sync()
     try:
         timed(cluster, None)  # compile once, untimed
         plain = [timed(cluster, None) for _ in range(3)]
         profiled = timed(cluster, {"profile": {}})
-        got = timeline.collect(cluster, cluster.ranks, f"bench-{n}")
+        got = timeline.collect(cluster, cluster.ranks, f"bench-{n}", bench_dir)
         sizes = sorted(got["sizes"].values())
         print(f"{n} processes:")
         print(
@@ -90,6 +94,7 @@ def one_size(n: int) -> None:
         )
     finally:
         cluster.kill()
+        shutil.rmtree(bench_dir, ignore_errors=True)
 
 
 def main() -> None:

@@ -36,6 +36,8 @@ class Fetched:
 
 def checked_info(rank: int, info, limits: Limits) -> dict:
     """A process's ``trace_info`` answer, refused unless its fields are what they should be."""
+    if isinstance(info, TraceRefused):
+        raise info  # trace_infos's reason why there is none
     if not isinstance(info, dict):
         raise TraceRefused(f"process {rank} described its trace as {type(info).__name__}")
     size, mark = info.get("size"), info.get("mark_wall")
@@ -93,13 +95,24 @@ def fetch(cluster, ranks: Sequence[int], timeout: float = 120.0) -> dict[int, Fe
     return {r: fetch_one(cluster, r, answers[r], timeout) for r in ranks}
 
 
-def trace_infos(cluster, ranks: Sequence[int]) -> dict:
+def trace_infos(cluster, ranks: Sequence[int], strict: bool = True) -> dict:
+    """Each process's description of its last trace (:func:`checked_info` checks it).
+
+    With ``strict`` a process without one raises :class:`CellError`; otherwise its answer
+    is a :class:`TraceRefused` saying why.
+    """
     infos = cluster.call(list(ranks), profiling.trace_info, timeout=30.0)
+    out = {}
     for r in ranks:
         if infos.results.get(r) is None:
             why = infos.errors.get(r, "no trace: the cell was not profiled there")
-            raise CellError(f"process {r} sent no trace ({str(why)[:300]})")
-    return infos.results
+            said = f"process {r} sent no trace ({str(why)[:300]})"
+            if strict:
+                raise CellError(said)
+            out[r] = TraceRefused(said)
+        else:
+            out[r] = infos.results[r]
+    return out
 
 
 __all__ = ["CHUNK", "Fetched", "checked_info", "fetch", "fetch_one", "trace_infos"]

@@ -211,3 +211,21 @@ def test_an_unwritable_directory_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"cannot write the merged trace in {blocked / 'sub'}" in err, err
     assert "--profile-dir" in err
+
+
+def test_a_process_without_a_trace_is_left_out_and_the_others_merged(tmp_path):
+    step = [{"ph": "X", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0, "name": "PjitFunction(f)"}]
+
+    class OneWithout(FakeEngines):
+        def call(self, ranks, fn, *args, timeout=None):
+            out = super().call(ranks, fn, *args, timeout=timeout)
+            if fn.name == "trace_info":
+                out.results[1] = None
+            return out
+
+    engines = OneWithout({0: trace(step), 1: trace(step)})
+    got = timeline.collect(engines, [0, 1], "cell", tmp_path)
+    assert got["refused"] == {
+        1: "process 1 sent no trace (no trace: the cell was not profiled there)"
+    }
+    assert sorted(engines.discarded) == [0, 1]
