@@ -29,6 +29,9 @@ EXPECTED = {
         # addressable_shards is no attribute of a traced array
         "[p0-3] addressable_shards under jit: ConcretizationTypeError - The 'addressable_shards'",
         "[p0-3] equals the original: True",
+        # an array over processes 0 and 1 only: the others pass arrays=[]
+        "[p0] blocks passed: 2 | shards held: [[[0]], [[1]]]",
+        "[p2-3] blocks passed: 0 | shards held: []",
     ],
     "00-quickstart.ipynb": [
         "[p0-3] local devices: 2, devices in the world: 8",
@@ -46,6 +49,8 @@ EXPECTED = {
         "RuntimeError: jax.distributed.initialize() must be called before any JAX calls",
         # --explain: the call each process made
         "    process_id=1,",
+        # initialize() without arguments, from the SLURM_* variables
+        "process 1 of 2, devices in the world: 2",
     ],
     "02-data-loading.ipynb": [
         "[p0-3] values match the file: True",
@@ -164,6 +169,7 @@ EXPECTED = {
         "after StablehloRefineShapesPass: 0 tensors with a symbolic dimension",
     ],
     "07-transfer-guard.ipynb": [
+        "explicit jax.device_put under log_explicit: ran",
         # a refusal per process, naming its own device
         "host-to-device transfer of shape (8), dtype float32, from host memory to device cpu:",
         # identical refusals are shown once, the values that differ listed per process (a
@@ -215,6 +221,10 @@ EXPECTED = {
         "certificate only:        JaxRuntimeError: INVALID_ARGUMENT: mTLS configuration is missing",
         "prefix without its '/':  JaxRuntimeError: INVALID_ARGUMENT: mTLS peer_uri_prefix must end",
         "no mTLS, check required: aborted (signal 6)",
+        # without a prefix the client checks the coordinator's host name
+        "no prefix, at 127.0.0.1: initialized",
+        "no prefix, at 127.0.0.2: DEADLINE_EXCEEDED",
+        "prefix, at 127.0.0.2:    initialized",
         # the cluster's own CA, but a URI outside the prefix: refused, and reported as such
         "the outsider:   refused (it hung up)",
         "process 1:      accepted",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -75,15 +76,37 @@ def test_notebooks_are_stored_without_outputs():
                 assert not c.get("outputs") and c.get("execution_count") is None, path.name
 
 
-# Prose a reader meets in one notebook: about 1,500 words at most; longer topics split.
+# Prose a reader meets in one notebook: about 1,500 words at most; longer topics split. The
+# recap that closes every notebook has a cap of its own and is not counted in the 1,500.
 MAX_PROSE_WORDS = 1500
+MAX_RECAP_WORDS = 100
+RECAP = "## Recap\n\n"
 _FENCED = re.compile(r"```.*?```", re.S)
 _WORD = re.compile(r"[A-Za-z0-9_'’\-.%/`]+")
 
 
+def _words(text: str) -> int:
+    return len(_WORD.findall(_FENCED.sub("", text)))
+
+
 def prose_words(nb) -> int:
-    """Words in a notebook's markdown cells, fenced code blocks left out."""
-    return len(_WORD.findall(_FENCED.sub("", _markdown(nb))))
+    """Words in a notebook's markdown cells, fenced code blocks and the recap left out."""
+    return _words(
+        "\n".join(
+            c.source
+            for c in nb.cells
+            if c.cell_type == "markdown" and not c.source.startswith(RECAP)
+        )
+    )
+
+
+def test_every_notebook_ends_with_a_short_recap():
+    for path in NOTEBOOKS:
+        last = nbformat.read(path, as_version=4).cells[-1]
+        assert last.cell_type == "markdown" and last.source.startswith(RECAP), path.name
+        assert _words(last.source) <= MAX_RECAP_WORDS, (
+            f"{path.name}: recap of {_words(last.source)}"
+        )
 
 
 def test_every_notebook_opens_with_what_it_teaches_and_stays_short():
@@ -195,6 +218,79 @@ def test_coverage_table_cites_cells_that_show_what_each_row_claims():
         want = f"| {sum(c.values())} | {c['covered']} | {c['partly']} | {c['n/a']} |"
         summary = [ln for ln in text.splitlines() if ln.lower().startswith(f"| {page.lower()} |")]
         assert summary and summary[0].endswith(want), (page, summary, want)
+
+
+CONCEPTS = Path(__file__).parents[2] / "docs" / "concepts.json"
+# What may keep a concept out of a notebook on one CPU-only machine: hardware or the network
+# it lacks, never a choice of jaxsys's.
+_NA_REASON = re.compile(r"GPU|TPU|NCCL|Kubernetes|network|other hosts|Cloud|jaxlib install", re.I)
+
+
+def _sections(text: str) -> dict[str, list[list[str]]]:
+    """docs/coverage.md's rows by page heading."""
+    found = re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    return {heading: rows for heading, body in found if (rows := _coverage_rows(body))}
+
+
+def concept_list_problems(text: str, concepts: dict) -> list[str]:
+    """Where docs/coverage.md departs from the fixed concept list of docs/concepts.json.
+
+    Every concept of every page has exactly one row, with the list's own text, in the
+    list's order, and no row stands for something the list lacks, so a row can be neither
+    reworded to fit a cell nor left out. An n/a row must give a hardware or network reason.
+    """
+    problems = []
+    sections = _sections(text)
+    listed = {page["page"] for page in concepts["pages"]}
+    problems += [
+        f"section {h!r} is no page of the concept list" for h in sections if h not in listed
+    ]
+    for page in concepts["pages"]:
+        name, wanted = page["page"], page["concepts"]
+        rows = sections.get(name, [])
+        have = [concept for concept, _, _ in rows]
+        for concept in wanted:
+            if have.count(concept) != 1:
+                problems.append(f"{name}: {have.count(concept)} rows for {concept[:70]!r}")
+        problems += [
+            f"{name}: row {c[:70]!r} is not in the concept list" for c in have if c not in wanted
+        ]
+        if not problems and have != wanted:
+            problems.append(f"{name}: rows are not in the concept list's order")
+        for concept, status, where in rows:
+            if status == "n/a" and (not _NA_REASON.search(where) or "jaxsys" in where.lower()):
+                problems.append(
+                    f"{name}: {concept[:70]!r} is n/a without a hardware or network reason"
+                )
+    return problems
+
+
+def test_coverage_has_one_graded_row_per_concept_of_the_pages():
+    text = (Path(__file__).parents[2] / "docs" / "coverage.md").read_text()
+    concepts = json.loads(CONCEPTS.read_text())
+    assert len(concepts["pages"]) == 9, "one list per page of JAX 501"
+    assert concept_list_problems(text, concepts) == []
+
+
+def test_concept_list_check_catches_missing_reworded_and_excused_rows():
+    concepts = {
+        "pages": [
+            {"page": "Transfer guard", "concepts": ["the `jax.transfer_guard` levels", "GPUs"]}
+        ]
+    }
+    good = "## Transfer guard\n\n| the `jax.transfer_guard` levels | covered | `07:tg-plain` |\n"
+    good += "| GPUs | n/a | needs GPUs, which this machine lacks |\n"
+    assert concept_list_problems(good, concepts) == []
+    missing = good.split("| GPUs")[0]
+    assert "0 rows for 'GPUs'" in concept_list_problems(missing, concepts)[0]
+    reworded = good.replace("levels |", "levels, as jaxsys sets them |")
+    assert any("not in the concept list" in p for p in concept_list_problems(reworded, concepts))
+    excused = good.replace(
+        "needs GPUs, which this machine lacks", "jaxsys does not start such a world"
+    )
+    assert "without a hardware or network reason" in concept_list_problems(excused, concepts)[0]
+    swapped = "## Transfer guard\n\n" + "".join(reversed(good.splitlines(keepends=True)[2:]))
+    assert "order" in concept_list_problems(swapped, concepts)[0]
 
 
 def test_coverage_check_catches_overclaiming_rows():
