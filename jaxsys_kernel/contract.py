@@ -33,7 +33,7 @@ TELEMETRY_KEY = "JAXSYS_TELEMETRY_KEY"
 HEARTBEAT_INTERVAL = "JAXSYS_HEARTBEAT_INTERVAL"
 WATCH_HANDSHAKES = "JAXSYS_WATCH_HANDSHAKES"
 DROP_NATIVE_INFO = "JAXSYS_DROP_NATIVE_INFO"
-# Launchers that start every rank with one environment (MPI, Slurm) name each process's
+# Launchers that start every rank with one environment (one job) name each process's
 # mTLS certificate and key by a path with RANK_FIELD in it; the engine fills in its rank
 # and sets JAX's own variables before it imports JAX (engine/bootstrap.py).
 MTLS_CERT_TEMPLATE = "JAXSYS_MTLS_CERT_TEMPLATE"

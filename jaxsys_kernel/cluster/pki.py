@@ -333,9 +333,9 @@ class ClusterPKI:
         }
 
     def env_by_rank(self) -> dict[str, str]:
-        """What :meth:`env` gives, for processes that all start with one environment and
-        learn their rank only then (MPI, Slurm): each still loads its own certificate and
-        key, named by a path that the engine completes with its rank.
+        """What :meth:`env` gives, for processes that all start in one job with one
+        environment and learn their rank only then: each still loads its own certificate
+        and key, named by a path that the engine completes with its rank.
 
         Returns
         -------

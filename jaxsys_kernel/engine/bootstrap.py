@@ -237,7 +237,7 @@ class _EarlyInit:
 
 def own_credentials() -> None:
     """Point JAX at this process's own mTLS certificate and key, where the launcher named
-    them by a path to complete with the rank (one environment for every rank: MPI, Slurm).
+    them by a path to complete with the rank (one environment for every rank).
 
     Raises
     ------
