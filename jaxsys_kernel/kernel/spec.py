@@ -10,6 +10,7 @@ from pathlib import Path
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .. import contract
+from ..cluster.config import ClusterConfig
 from .logo import write_logos
 
 KERNEL_NAME = "jaxsys"
@@ -17,8 +18,6 @@ KERNEL_NAME = "jaxsys"
 
 def _declared(name: str) -> int:
     """The default :class:`~jaxsys_kernel.cluster.config.ClusterConfig` declares for ``name``."""
-    from ..cluster.config import ClusterConfig
-
     return ClusterConfig.__dataclass_fields__[name].default
 
 
