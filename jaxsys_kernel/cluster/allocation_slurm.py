@@ -27,6 +27,8 @@ from .slurm_watch import (
     COMMAND_TIMEOUT_S,
     JOB_OWN_STEPS,
     cancel_job,
+    client_env,
+    outer_job_vars,
     run_slurm,
     start_watchdog,
 )
@@ -47,7 +49,9 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str
             f"({', '.join(TOOLS)}) on this machine, and SLURM_CONF if slurm.conf is not in "
             "its default place"
         )
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    r = subprocess.run(
+        argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, env=client_env()
+    )
     if check and r.returncode != 0:
         raise SlurmError(f"{shlex.join(argv)} failed: {(r.stderr or r.stdout).strip()}")
     return r
@@ -149,7 +153,9 @@ class SlurmAllocation(Allocation):
         log_file = self.script_dir / "log" / "slurm-%j.out"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(batch_script(self.name, self.ntasks, self.options, log_file))
-        r = _run(["sbatch", "--parsable", str(script)])
+        # Everything the job gets is said here: an --export of the job this kernel runs in
+        # (SLURM_EXPORT_ENV) or its sizes (SLURM_CPUS_PER_TASK...) are not inherited.
+        r = _run(["sbatch", "--export=ALL", "--parsable", str(script)])
         self.job_id = r.stdout.strip().split(";")[0]
         self.last = JobStatus(JobState.PENDING)
         self.watchdog = start_watchdog(self.job_id, os.getpid(), watchdog_log(self.job_id))
@@ -205,12 +211,21 @@ class SlurmAllocation(Allocation):
             self.watchdog = None
 
     def step_command(self, ntasks: int) -> list[str]:
-        """The ``srun`` prefix that runs one task per process inside the job."""
+        """The ``srun`` prefix that runs one task per process inside the job.
+
+        The engines get this process's environment (``--export=ALL``) with the variables
+        of the job it may itself run in left out (``env -u``): a JupyterLab submitted with
+        ``--export=NONE`` or an export list sets ``SLURM_EXPORT_ENV``, which would keep
+        jaxsys's variables from the engines, and its sizes would be the step's.
+        """
+        unset = [a for name in outer_job_vars() for a in ("-u", name)]
         return [
+            *(["env", *unset] if unset else []),
             "srun",
             f"--jobid={self.job_id}",
             f"--ntasks={ntasks}",
             f"--job-name={STEP_NAME}",
+            "--export=ALL",
             "--overlap",
             "--kill-on-bad-exit=0",
             *self.options.get("srun_args", ()),

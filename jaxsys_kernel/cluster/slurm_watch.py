@@ -33,8 +33,29 @@ BACKOFF_MAX_S = 15.0
 # How long the watchdog keeps trying to cancel a job whose owner died while slurmctld
 # does not answer; the job's own time limit bounds it too.
 GIVE_UP_S = 24 * 3600.0
+# Variables Slurm's commands read as options, and the one kept (where the cluster is).
+_SLURM_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SCANCEL_", "SCONTROL_")
+_KEPT = frozenset({"SLURM_CONF"})
 # Step ids that are the job's own, never a step anyone launched.
 JOB_OWN_STEPS = ("batch", "extern", "interactive")
+
+
+def outer_job_vars(environ=None) -> list[str]:
+    """The variables of ``environ`` (``os.environ``) that Slurm's commands would read as
+    their options: those of the job this process may run in (``SLURM_EXPORT_ENV``,
+    ``SLURM_CPUS_PER_TASK``, ``SLURM_MEM_PER_CPU``, ``SLURM_JOB_ID``...) and the user's
+    defaults (``SBATCH_*``, ``SRUN_*``, ``SQUEUE_FORMAT``...). Only ``SLURM_CONF``, which
+    says where the cluster is, is kept."""
+    environ = os.environ if environ is None else environ
+    return sorted(k for k in environ if k.startswith(_SLURM_PREFIXES) and k not in _KEPT)
+
+
+def client_env(environ=None) -> dict[str, str]:
+    """``environ`` (``os.environ``) without :func:`outer_job_vars`: every option a Slurm
+    command is run with is then the one on its command line."""
+    environ = os.environ if environ is None else environ
+    drop = set(outer_job_vars(environ))
+    return {k: v for k, v in environ.items() if k not in drop}
 
 
 def run_slurm(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
@@ -43,7 +64,12 @@ def run_slurm(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
         return None
     try:
         return subprocess.run(
-            argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+            env=client_env(),
         )
     except (subprocess.TimeoutExpired, OSError):
         return None

@@ -300,3 +300,37 @@ def test_the_users_own_step_outlives_a_cluster_attached_to_its_job(hosts, tmp_pa
     finally:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=20, check=False)
     _drained(hosts)
+
+
+ENV_CELL = """
+import os
+print(os.environ.get('SLURM_EXPORT_ENV'), os.environ.get('SLURM_CPUS_PER_TASK'),
+      os.environ.get('JAXSYS_MINE'), 'IPP_CLUSTER_ID' in os.environ)
+"""
+
+
+@pytest.mark.parametrize("export", ["NONE", "PATH,HOME"])
+def test_a_cluster_starts_from_inside_a_job_submitted_with_an_export(hosts, monkeypatch, export):
+    # What a JupyterLab that Open OnDemand (--export=NONE) or batchspawner (an export list)
+    # submitted finds in its environment: Slurm's commands would read them as options.
+    monkeypatch.setenv("SLURM_EXPORT_ENV", export)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    monkeypatch.setenv("SBATCH_EXPORT", export)
+    c = Cluster(
+        hosts=3,
+        devices_per_host=1,
+        launcher="slurm",
+        env={"JAX_PLATFORMS": "cpu", "JAXSYS_MINE": "yes"},
+        launcher_options={"sbatch_args": ["--ntasks-per-node=1"]},
+        progress=lambda e: None,
+    )
+    try:
+        try:
+            c.start_sync()
+        except Exception as e:
+            raise AssertionError(f"{e}\n{hosts.log_tail()}") from e
+        assert _only_line(run_on(c, SUM_CELL)) == "total 6.0 devices 3"
+        assert _only_line(run_on(c, ENV_CELL)) == "None None yes True"
+    finally:
+        c.kill()
+    _drained(hosts)

@@ -45,11 +45,34 @@ def test_no_step_of_jaxsys_means_no_scancel(monkeypatch):
     assert [c[0] for c in calls] == ["squeue"]
 
 
-def test_the_engines_step_carries_jaxsys_name():
+def test_the_engines_step_is_named_and_says_its_environment(monkeypatch):
     from jaxsys_kernel.cluster.allocation_slurm import SlurmAllocation
 
+    monkeypatch.setenv("SLURM_EXPORT_ENV", "NONE")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    monkeypatch.setenv("SRUN_CPUS_PER_TASK", "4")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
     argv = SlurmAllocation(job_id="12").step_command(3)
-    assert f"--job-name={allocation_slurm.STEP_NAME}" in argv
+    srun = argv.index("srun")
+    assert f"--job-name={allocation_slurm.STEP_NAME}" in argv[srun:]
+    assert "--export=ALL" in argv[srun:]
+    # The job the kernel runs in: its variables are left out, where the cluster is stays.
+    assert argv[0] == "env" and set(argv[1:srun:2]) == {"-u"}
+    unset = set(argv[2:srun:2])
+    assert {"SLURM_EXPORT_ENV", "SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"} <= unset
+    assert "SLURM_CONF" not in unset
+
+
+def test_slurms_commands_run_without_the_outer_jobs_variables():
+    environ = {
+        "PATH": "/bin",
+        "SLURM_CONF": "/c",
+        "SLURM_EXPORT_ENV": "NONE",
+        "SLURM_MEM_PER_CPU": "100",
+        "SBATCH_EXPORT": "NONE",
+        "SQUEUE_FORMAT": "%i",
+    }
+    assert slurm_watch.client_env(environ) == {"PATH": "/bin", "SLURM_CONF": "/c"}
 
 
 def test_open_mpi_is_told_to_export_every_engine_variable(monkeypatch):
