@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from jaxsys_kernel.cluster import ClusterConfig
 from jaxsys_kernel.job import owner
@@ -104,17 +105,19 @@ START = "%jaxsys start --hosts 2 --devices-per-host 1"
 NEVER = "%%multihost\nprint('never' + 'reached')"
 
 
-def test_no_process_runs_the_cell_after_one_failed_on_another(tmp_path):
-    # Cell 1 fails on p1 alone; p0, which finished it, must not go on to cell 2.
-    fails = "%%multihost\nimport jax\nif jax.process_index() == 1:\n    raise ValueError('fails')"
+@pytest.mark.parametrize("rank", [1, 0])
+def test_no_process_runs_the_cell_after_one_failed_on_another(tmp_path, rank):
+    # Cell 1 fails on one process alone; the other, which finished it, must not go on to
+    # cell 2 (also when the one that failed is process 0, which serves the coordination).
+    fails = f"%%multihost\nimport jax\nif jax.process_index() == {rank}:\n    raise ValueError()"
     path = _notebook(tmp_path / "fails.ipynb", START, fails, NEVER)
     r = _job(str(path), "--launcher", "local", "--out", str(tmp_path / "out"), timeout=120)
     assert r.returncode != 0
-    assert "jaxsys job: cell 1 failed on p1" in r.stderr
+    assert f"jaxsys job: cell 1 failed on p{rank}" in r.stderr
     log = (tmp_path / "out" / "job.log").read_text()
-    assert "neverreached" not in log + _read(tmp_path / "out" / "p0.out")
+    assert "neverreached" not in log + _read(tmp_path / "out" / f"p{1 - rank}.out")
     assert "--- cell 2 (not run: the job stopped at cell 1) ---\n" in log, log
-    assert log.endswith("jaxsys job: ended: cell 1 failed on p1\n"), log
+    assert log.endswith(f"jaxsys job: ended: cell 1 failed on p{rank}\n"), log
 
 
 def test_a_process_killed_in_a_cell_ends_the_job_there(tmp_path):
