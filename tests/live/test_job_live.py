@@ -189,7 +189,12 @@ def test_the_timeout_ends_every_process_of_the_job(tmp_path):
     assert (out / "job.log").read_text().endswith("jaxsys job: ended: timeout after 5 s\n")
 
 
-def test_sigterm_to_jaxsys_job_ends_every_process_of_the_job(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "code", "why"),
+    [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted (SIGINT)")],
+)
+def test_a_signal_to_jaxsys_job_ends_every_process_of_the_job(tmp_path, signum, code, why):
+    # SIGINT is what Ctrl-C sends: the job's processes, in sessions of their own, get none.
     out = tmp_path / "out"
     proc, marker = _marked_job(tmp_path, "--out", str(out))
     try:
@@ -200,15 +205,15 @@ def test_sigterm_to_jaxsys_job_ends_every_process_of_the_job(tmp_path):
         ):
             time.sleep(0.1)
         assert len(_left(marker)) >= 5  # jaxsys job, its runner, 2 processes, 2 sleeps
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 143, stderr
+    assert proc.returncode == code, stderr
     assert "Traceback" not in stderr
     assert _none_left(marker) == []
     log = (out / "job.log").read_text()
-    assert "[p0-1] sleeping\n" in log and log.endswith("jaxsys job: ended: terminated\n"), log
+    assert "[p0-1] sleeping\n" in log and log.endswith(f"jaxsys job: ended: {why}\n"), log
 
 
 def _read(path: Path) -> str:
