@@ -32,14 +32,14 @@ def ssh_hosts(tag, tmp_path_factory):
         yield hosts, ssh
 
 
-def _job(ssh, hosts, notebook: str, out: Path, per_host: int, devices: int):
+def _job(ssh, hosts, notebook: str, out: Path, per_host: int, devices: int, extra=()):
     # Process i on host i % 2: a host may run several of the job's processes.
     destinations = ",".join(ssh.destination(i % hosts.n) for i in range(hosts.n * per_host))
     ssh_args = [f"--ssh-arg={a}" for a in ssh.ssh_args]
     return subprocess.run(
         [sys.executable, "-m", "jaxsys_kernel.cli", "job", notebook, "--launcher", "ssh",
          "--hosts", destinations, "--devices-per-host", str(devices), *ssh_args, "--out", str(out),
-         "--submit"],
+         "--submit", *extra],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
 
@@ -115,3 +115,20 @@ def test_the_ssh_runner_kills_a_job_whose_path_a_regular_expression_misreads(tmp
         proc.kill()
         proc.wait()
     assert subprocess.run(["sh", "-c", job_ssh.kill_command(marker)], timeout=10).returncode == 1
+
+
+def test_the_timeout_ends_the_processes_on_every_host(ssh_hosts, tmp_path):
+    hosts, ssh = ssh_hosts
+    nb = tmp_path / "sleeps.ipynb"
+    import nbformat
+
+    cells = ["%jaxsys start --hosts 2", "%%multihost\nimport time\ntime.sleep(600)"]
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), nb
+    )
+    out = tmp_path / "out"
+    r = _job(ssh, hosts, str(nb), out, per_host=1, devices=1, extra=["--timeout", "15"])
+    assert r.returncode == 124, r.stderr
+    assert "Traceback" not in r.stderr
+    assert (out / "job.log").read_text().endswith("jaxsys job: ended: timeout after 15 s\n")
+    assert not [p for ns in hosts.namespaces for p in netns.namespace_pids(ns) if _is_job(p)]
