@@ -18,11 +18,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 HERE = Path(__file__).resolve().parent
+# Pages around the notebooks, shown after them: what goes wrong, and the plain JAX calls.
+GUIDES = [ROOT / "docs" / "troubleshooting.md", ROOT / "docs" / "cheatsheet.md"]
+# Read first: the quickstart, meshes, and how processes drift apart; then the rest in order.
+FIRST = ("00", "01", "09")
 
 
 def notebook_paths() -> list[Path]:
     """The course's notebooks, in reading order."""
-    return sorted(NOTEBOOKS.glob("*.ipynb"))
+    found = sorted(NOTEBOOKS.glob("*.ipynb"))
+    first = [p for n in FIRST for p in found if p.name.split("-")[0] == n]
+    return first + [p for p in found if p not in first]
 
 
 def execute_all(out_dir: Path) -> list[Path]:
@@ -59,6 +65,13 @@ def index_page(executed: list[Path]) -> str:
         *[p.stem for p in executed],
         "```",
         "",
+        "```{toctree}",
+        ":maxdepth: 1",
+        ":caption: Around the notebooks",
+        "",
+        *[g.stem for g in GUIDES],
+        "```",
+        "",
     ]
     return "\n".join(lines)
 
@@ -87,6 +100,8 @@ def build_site(executed: list[Path], out: Path) -> Path:
     shutil.copy(HERE / "conf.py", src / "conf.py")
     for p in executed:
         shutil.copy(p, src / p.name)
+    for g in GUIDES:
+        shutil.copy(g, src / g.name)
     (src / "index.md").write_text(index_page(executed))
     html = out / "html"
     status = build_main(["-b", "html", "-q", "-E", str(src), str(html)])

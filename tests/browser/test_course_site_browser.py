@@ -97,7 +97,14 @@ def test_every_page_shows_its_outputs_and_pictures(site):
         page.route("**/*", only_files)
         page.goto(index.as_uri())
         links = page.eval_on_selector_all(".toctree-wrapper a", "(as) => as.map((a) => a.href)")
-        assert len(links) == len(copies), links
+        guides = _builder().GUIDES
+        assert len(links) == len(copies) + len(guides), links
+        for guide in guides:  # the troubleshooting page and the cheat sheet, after the notebooks
+            page.goto((index.parent / f"{guide.stem}.html").as_uri())
+            page.wait_for_load_state("load")
+            title = guide.read_text().splitlines()[0].lstrip("# ")
+            texts[guide.stem] = page.locator("body").inner_text()
+            assert title in texts[guide.stem], guide.name
         for copy in copies:
             page.goto((index.parent / f"{copy.stem}.html").as_uri())
             page.wait_for_load_state("load")

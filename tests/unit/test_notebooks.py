@@ -380,3 +380,21 @@ def test_notebooks_hold_the_language_info_the_kernel_reports():
     for path in NOTEBOOKS:
         stored = nbformat.read(path, as_version=4).metadata.get("language_info")
         assert stored == reported, f"{path.name}: {stored} is not the kernel's {reported}"
+
+
+def test_troubleshooting_page_reproduces_each_problem_in_a_cell_that_exists():
+    text = (Path(__file__).parents[2] / "docs" / "troubleshooting.md").read_text()
+    sources = {
+        p.name.split("-")[0]: {c.get("id") for c in nbformat.read(p, as_version=4).cells}
+        for p in NOTEBOOKS
+    }
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert len(sections) >= 9, "one section per common problem"
+    for section in sections:
+        title = section.splitlines()[0]
+        for part in ("**Symptom**", "**Cause**", "**Fix**", "**Reproduce**"):
+            assert part in section, f"{title}: no {part}"
+        cited = _CITE.findall(section.split("**Reproduce**")[1])
+        assert cited or re.search(r"`\d\d`", section), f"{title}: reproduced nowhere"
+        missing = [f"{nb}:{cid}" for nb, cid in cited if cid not in sources.get(nb, set())]
+        assert not missing, f"{title}: no cell {missing}"
