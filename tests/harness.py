@@ -139,6 +139,10 @@ class Kernel:
                 raise TimeoutError(f"cell did not finish in {timeout} s: {code[:80]!r}")
             msg = self.kc.get_iopub_msg(timeout=remaining)
             if msg["parent_header"].get("msg_id") != msg_id:
+                # A view opens its comm outside any request (widgets/unstored.py); a front
+                # end's widget manager takes it all the same, and so does this client.
+                if msg["msg_type"] == "comm_open" and not msg["parent_header"]:
+                    out.messages.append(msg)
                 continue
             # The schema has no entries for widget comms; every other message is checked.
             if msg["msg_type"] in schema_fragments:

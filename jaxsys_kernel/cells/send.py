@@ -223,17 +223,8 @@ def execute(
         What each process did; errors are raised by :func:`raise_for_run`, not here.
     """
     procs = list(cluster.ranks if procs is None else procs)
-    machine = CellMachine(
-        procs,
-        sink or Sink(),
-        clock=clock,
-        timeout=timeout,
-        grace=grace,
-        collate=collate,
-        all_displays=all_displays,
-        window=window,
-        label=label,
-    )
+    shown = {"collate": collate, "all_displays": all_displays, "window": window, "label": label}
+    machine = CellMachine(procs, sink or Sink(), clock=clock, timeout=timeout, grace=grace, **shown)
     code, watch = _with_hooks(cluster, code, procs, hooks, machine, known)
     events = send_cell(cluster, code, procs)
     try:
