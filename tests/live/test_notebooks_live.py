@@ -34,6 +34,8 @@ EXPECTED = {
         "[p2-3] blocks passed: 0 | shards held: []",
     ],
     "00-quickstart.ipynb": [
+        # the toy program by hand: two plain processes, each calling initialize itself
+        "process 1 of 2: devices 2 of 4, global shape (4, 4) | sum: 8.0",
         "[p0-3] local devices: 2, devices in the world: 8",
         # the mesh view's text form, beside its picture
         "Mesh(x=8): 8 devices of processes p0-3; devices [0, 1, 2048, 2049, 4096",
@@ -123,6 +125,8 @@ EXPECTED = {
         "default_export_platform(): cpu",
     ],
     "06-compilation-cache.ipynb": [
+        # the cache runs what an entry holds: swapped files, swapped functions
+        "after swap: plus_one(2) = 20.0 | times_ten(2) = 3.0",
         "jit_train_step",
         "p1: not served by the cache: on CPU",
         "p0: served. 2 request(s): 2 hit(s), 0 shared, 0 compiled here",
