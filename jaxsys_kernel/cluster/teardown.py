@@ -200,7 +200,7 @@ def kill(world) -> float:
             pass
     killpg_all(pids, engine_start_times(world.processes))
     if ipp is not None:
-        launcher.kill_remote(engine_sets)
+        launcher.kill_remote(engine_sets, world.processes)
         # Forget the launchers so ipyparallel does not try a slow stop later.
         ipp.engines = {}
         ipp.controller = None

@@ -18,6 +18,7 @@ import pytest
 from jaxsys_kernel import Cluster
 from jaxsys_kernel.cluster.teardown import killpg_all, start_time
 
+from .. import netns, sshd
 from ..harness import new_tag, wait_no_processes
 
 WAIT_S = 30.0
@@ -106,6 +107,35 @@ def test_what_cells_started_on_mpi_ranks_ends_with_restart_and_with_stop(monkeyp
         c.kill()
     _wait_gone([m["child"] for m in second], "children of the stopped world's MPI ranks")
     assert not wait_no_processes(tag, timeout=15)
+
+
+def test_what_cells_started_over_ssh_ends_with_restart_and_with_stop(monkeypatch, tmp_path):
+    reason = sshd.available()
+    if reason:
+        pytest.skip(f"no ssh servers in network namespaces here: {reason}")
+    tag = new_tag()
+    monkeypatch.setenv("JAXSYS_TEST_RUN", tag)
+    second = []
+    with netns.TestHosts(2, prefix="tg") as hosts, sshd.SSHServers(hosts, tmp_path) as ssh:
+        c = Cluster(
+            hosts=[ssh.destination(i) for i in range(hosts.n)],
+            devices_per_host=1,
+            launcher="ssh",
+            controller_ip=hosts.bridge_address,
+            env={"JAX_PLATFORMS": "cpu"},
+            launcher_options={"ssh_args": ssh.ssh_args, "scp_args": ssh.ssh_args},
+            progress=lambda e: None,
+        )
+        try:
+            c.start_sync()
+            first = c.world.view.apply_sync(_start_sleep)
+            c.restart_sync()
+            # The hosts share this machine's pids (network namespaces only).
+            _wait_gone([m["child"] for m in first], "children of the old world's engines")
+            second = c.world.view.apply_sync(_start_sleep)
+        finally:
+            c.kill()
+        _wait_gone([m["child"] for m in second], "children of the stopped world's engines")
 
 
 def test_an_engine_holding_the_gil_is_gone_before_the_new_world_is_ready(cluster, tmp_path):

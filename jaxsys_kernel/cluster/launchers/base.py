@@ -463,8 +463,9 @@ class Launcher:
 
     # -- killing ------------------------------------------------------------------------------
 
-    def kill_remote(self, engine_sets: Sequence) -> None:
-        """SIGKILL the engines these launchers started on other hosts, where they run."""
+    def kill_remote(self, engine_sets: Sequence, processes: Sequence[ProcessInfo] = ()) -> None:
+        """SIGKILL the engines these launchers started on other hosts, where they run
+        (with the process groups of ``processes``' engines where the launcher can)."""
 
     def kill_engines(self, engine_sets: Sequence, processes: Sequence[ProcessInfo] = ()) -> None:
         """SIGKILL the engines these launchers started, where they run, and wait (bounded)
@@ -473,7 +474,7 @@ class Launcher:
         Of ``processes`` (those being killed), each :meth:`local_engines` goes with its
         process group, unless its pid now names another process.
         """
-        self.kill_remote(engine_sets)
+        self.kill_remote(engine_sets, processes)
         here = (
             [pid for es in engine_sets for pid in launcher_pids(es)]
             if self.launcher_pids_here

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import threading
@@ -11,13 +12,39 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import _compat
-from ..teardown import sub_launchers
+from ..teardown import START_TIME_TOLERANCE_S, sub_launchers
 from .base import EngineContext, Launcher, host_part
 
 # Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
 SSH_HEARTBEAT_MISSES = 20
 # Seconds a kill over ssh waits for the hosts to answer.
 SSH_KILL_TIMEOUT_S = 10.0
+# Run by the host's Python (standard library only): SIGKILL the process group of each
+# engine pid, unless a process that started at another time holds the pid now (the
+# start time as psutil gives it: boot time plus clock ticks). Each engine leads a group
+# of its own, so what its cells started goes with it.
+KILL_GROUPS = """
+import json, os, signal
+def started(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+for pid, when in json.loads(%r):
+    now = started(pid)
+    if now is not None and (when is None or abs(now - when) > %r):
+        continue
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+            break
+        except OSError:
+            pass
+"""
 
 
 class SshLauncher(Launcher):
@@ -113,14 +140,16 @@ class SshLauncher(Launcher):
             self.engine_sets[rank] = set_id
         await asyncio.to_thread(es.start, 1)
 
-    def kill_remote(self, engine_sets: Sequence) -> None:
-        """SIGKILL every engine started over ssh, on its host, all hosts at once."""
+    def kill_remote(self, engine_sets: Sequence, processes: Sequence = ()) -> None:
+        """SIGKILL every engine started over ssh, on its host, all hosts at once, and
+        the process group of each of ``processes`` (their engines' pids) there."""
         launchers = [
             sub
             for es in engine_sets
             for sub in sub_launchers(es)
             if isinstance(getattr(sub, "pid", None), int) and sub.pid > 1
         ]
+        groups = self._groups_by_launcher(processes)
 
         def kill(sub) -> None:
             # The launcher would fetch the engine's log once it stopped; nobody reads it
@@ -128,6 +157,9 @@ class SshLauncher(Launcher):
             _compat.forget_launcher_output(sub)
             try:
                 _compat.ssh_kill(sub, sub.pid, signal.SIGKILL)
+                if groups.get(id(sub)):
+                    code = KILL_GROUPS % (json.dumps(groups[id(sub)]), START_TIME_TOLERANCE_S)
+                    sub.ssh_sender.check_output_python_code(code, timeout=SSH_KILL_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - a host that cannot be reached keeps its engine
                 pass
 
@@ -147,3 +179,15 @@ class SshLauncher(Launcher):
         # engine gone it returns, and it must, before its host may go away under it.
         for sub in launchers:
             _compat.release_ssh_waiter(sub, deadline - time.monotonic())
+
+    def _groups_by_launcher(self, processes: Sequence) -> dict[int, list]:
+        """``[pid, start time]`` of each process's engine, by the launcher that started it
+        (its host's ssh connection)."""
+        groups: dict[int, list] = {}
+        for p in processes:
+            es = self.engine_set(p.rank)
+            if es is None or not p.pid:
+                continue
+            for sub in sub_launchers(es):
+                groups.setdefault(id(sub), []).append([p.pid, p.started])
+        return groups

@@ -115,8 +115,9 @@ class SlurmLauncher(Launcher):
         )
         self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
 
-    def kill_remote(self, engine_sets) -> None:
-        """SIGKILL the engines' job steps; the job itself stays for the next world."""
+    def kill_remote(self, engine_sets, processes=()) -> None:
+        """SIGKILL the engines' job steps (Slurm ends every process of a step, what cells
+        started included); the job itself stays for the next world."""
         if self.allocation is not None and self.allocation.job_id:
             kill_steps(self.allocation.job_id)
 
