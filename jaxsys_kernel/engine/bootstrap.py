@@ -75,11 +75,13 @@ def describe_process() -> dict:
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_INTERVAL
     # Deferred: these need IPython's shell, which exists only once the engine has started.
-    from . import display, output
+    from . import display, output, programs
 
     display.register_formatters()
     # Only now are fd 1 and fd 2 ipykernel's pipes: ours must sit in front of them.
     output.install_from_env()
+    # A script runs as under `python`: a clean sys.argv, and %run raises what it raised.
+    programs.install_shell()
     nanny_pid = _compat.nanny_pid()
     host = socket.gethostname()
     address = _host_address(host)
@@ -410,9 +412,12 @@ def _join(
     if jax.process_index() != process_id:
         raise RuntimeError(f"JAX reports process_index {jax.process_index()} for rank {process_id}")
     # Deferred: the agent starts only after JAX has joined, and only with telemetry.
-    from . import agent
+    from . import agent, programs
 
     agent.start_from_env(process_id)
+    # From now on the world is jaxsys's: a program's own initialize() and shutdown() are
+    # checked against it and kept from ending it.
+    programs.own_world(jax, call)
     return {
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
