@@ -40,6 +40,21 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** The process table's columns: the header shown, and its title. */
+const COLUMNS: [string, string][] = [
+  ['proc', 'process (↻N: restarted alone N times in this world)'],
+  ['host', 'host'],
+  ['dev', 'devices'],
+  ['state', 'state'],
+  ['beat', 'seconds since the last heartbeat'],
+  ['', 'kill (✕) or restart (↻) the process']
+];
+
+function fill(cell: HTMLElement, text: string, title: string): void {
+  cell.textContent = text;
+  cell.title = title;
+}
+
 function button(label: string, className: string, title: string): HTMLButtonElement {
   const node = el('button', `jp-Button jp-mod-styled jaxsys-button ${className}`, label);
   node.title = title;
@@ -104,12 +119,15 @@ export class JaxsysSidebar extends Widget {
     }
     const table = el('table', 'jaxsys-processes');
     const header = el('tr');
-    for (const h of ['process', 'host', 'devices', 'state', 'heartbeat', '']) {
-      header.append(el('th', '', h));
+    // Short headers, whole at the default width; the title says each in full.
+    for (const [h, title] of COLUMNS) {
+      const th = el('th', '', h);
+      th.title = title;
+      header.append(th);
     }
     table.append(el('thead'), this._rows);
     table.tHead!.append(header);
-    // The table scrolls sideways when the sidebar is narrower than it.
+    // Fixed columns (style/index.css): the row's buttons stay inside the panel at any width.
     const scroller = el('div', 'jaxsys-table-scroll');
     scroller.append(this._groups.node, table);
     this.node.append(
@@ -225,11 +243,13 @@ export class JaxsysSidebar extends Widget {
     // A process restarted alone keeps its world's incarnation: the row counts its restarts.
     cells[0].textContent = `p${p.rank}${p.restarts ? ` ↻${p.restarts}` : ''}`;
     cells[0].title = launchText(p);
-    cells[1].textContent = p.host || '-';
-    cells[2].textContent = p.devices.join(',') || '-';
-    cells[3].textContent = p.busy && p.state === 'alive' ? 'alive (busy)' : p.state;
+    // A cell too narrow for its text ends in an ellipsis; its title holds the whole text.
+    fill(cells[1], p.host || '-', `host ${p.host || '-'}`);
+    fill(cells[2], p.devices.join(',') || '-', `devices ${p.devices.join(', ') || '-'}`);
+    const busy = p.busy && p.state === 'alive';
+    fill(cells[3], busy ? 'busy' : p.state, busy ? 'alive, running a cell' : p.state);
     cells[3].className = `jaxsys-state jaxsys-state-${p.state}`;
-    cells[4].textContent = formatSeconds(p.heartbeat_age);
+    fill(cells[4], formatSeconds(p.heartbeat_age), 'seconds since its last heartbeat');
     row.dataset.state = p.state;
     const [kill, restart] = Array.from(cells[5].querySelectorAll('button'));
     kill.disabled = !ready || p.state === 'dead' || this._busy.has(`kill p${p.rank}`);

@@ -58,6 +58,7 @@ from ..browser import (
     wait_idle,
 )
 from ..harness import wait_no_processes, write_notebook
+from .reach import assert_in_reach
 
 REASON = available()
 
@@ -310,6 +311,8 @@ def test_sidebar_summarizes_256_processes_and_opens_a_group(tag, tmp_path):
                 cell.scroll_into_view_if_needed()
                 assert cell.is_visible()
             screenshot(page, "sidebar-groups-open-dead.png")
+            # Every row's kill and restart inside the panel, every header whole.
+            assert_in_reach(page, rows=SIZE)
 
             # Another group: the rows switch to it, none of the first group's stay.
             group_button(page, SILENT_GROUP).click()
