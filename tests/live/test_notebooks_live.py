@@ -26,6 +26,8 @@ EXPECTED = {
         # a mesh over half the devices: processes 0 and 1 hold nothing
         "[p0-1] my shards: []",
         "[p0-1] result's shards here: [] | fully addressable: False",
+        # the computation on its participants alone
+        "[p2-3] on processes 2 and 3 alone: ",
         # addressable_shards is no attribute of a traced array
         "[p0-3] addressable_shards under jit: ConcretizationTypeError - The 'addressable_shards'",
         "[p0-3] equals the original: True",

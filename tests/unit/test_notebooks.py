@@ -17,6 +17,7 @@ INFO = re.compile(r"^jaxsys: \d+ processes x \d+ devices ready in ")
 # The jaxsys warnings each notebook is allowed to show, because its text explains them:
 # (a fragment of the warning, a fragment its markdown must contain).
 EXPLAINED = {
+    "01-meshes-and-shardings.ipynb": [("these processes are out of step", "same-program guard")],
     "00-quickstart.ipynb": [("these processes are out of step", "same-program guard")],
     "04-security.ipynb": [
         ("jaxsys: the coordination service refused", "turns every refused handshake into a report")
