@@ -57,6 +57,8 @@ EXPECTED = {
         "process 1 of 2, devices in the world: 2",
     ],
     "02-data-loading.ipynb": [
+        # a model replica on one process's two devices, in plain JAX
+        "[p0-3] plain JAX, one read per process:",
         "[p0-3] values match the file: True",
         # plain JAX first: option 1 keeps a quarter of what it read; then counted
         "[p0-3] read 2.0 MiB, kept 0.5 MiB on my devices",
