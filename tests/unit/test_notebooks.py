@@ -151,7 +151,9 @@ _API = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)(?:\(\))?`")
 STATUSES = ("covered", "partly", "n/a")
 
 
-def coverage_problems(text: str, sources: dict[str, dict[str, str]]) -> list[str]:
+def coverage_problems(
+    text: str, sources: dict[str, dict[str, str]], code: set[tuple[str, str]] | None = None
+) -> list[str]:
     """What makes docs/coverage.md claim more than its cited cells show.
 
     ``sources`` maps a notebook's number (``05b``) to its cells' sources by id. A row must
@@ -160,6 +162,8 @@ def coverage_problems(text: str, sources: dict[str, dict[str, str]]) -> list[str
     must name at least one API in backticks, each of which must appear in one of the cited
     cells: the whole dotted name, or at least its last two parts (``multihost_utils.x`` for
     ``jax.experimental.multihost_utils.x``), so that a cell using another ``x`` does not count.
+    When ``code`` (the ``(notebook, cell id)`` pairs of code cells) is given, a covered row
+    must cite at least one of them: prose alone covers nothing.
     """
     problems = []
     for concept, status, where in _coverage_rows(text):
@@ -179,6 +183,8 @@ def coverage_problems(text: str, sources: dict[str, dict[str, str]]) -> list[str
             continue
         if not cited:
             problems.append(f"{concept}: {status} without a notebook cell")
+        elif status == "covered" and code is not None and not set(cited) & code:
+            problems.append(f"{concept}: covered, but cites no code cell")
         apis = _API.findall(concept)
         if not apis:
             problems.append(f"{concept}: names no API in backticks")
@@ -210,8 +216,14 @@ def test_coverage_table_cites_cells_that_show_what_each_row_claims():
         p.name.split("-")[0]: {c.get("id"): c.source for c in nbformat.read(p, as_version=4).cells}
         for p in NOTEBOOKS
     }
+    code = {
+        (p.name.split("-")[0], c.get("id"))
+        for p in NOTEBOOKS
+        for c in nbformat.read(p, as_version=4).cells
+        if c.cell_type == "code"
+    }
     assert len(_CITE.findall(text)) > 50, "the table cites notebook cells as `NN:cell-id`"
-    assert coverage_problems(text, sources) == []
+    assert coverage_problems(text, sources, code) == []
     counts = coverage_counts(text)
     for page, c in counts.items():
         print(f"{page}: {sum(c.values())} concepts, " + ", ".join(f"{v} {k}" for k, v in c.items()))
@@ -315,6 +327,8 @@ def test_coverage_check_catches_overclaiming_rows():
     assert "what is missing" in coverage_problems(vague, sources)[0]
     done = "| `jax.transfer_guard` | done | `07:tg-plain` |"
     assert "status 'done'" in coverage_problems(done, sources)[0]
+    prose = coverage_problems(good, sources, code={("07", "tg-other")})
+    assert "cites no code cell" in prose[0]
     # n/a rows need a reason, not an API.
     assert coverage_problems("| GPUs | n/a | needs GPUs, which this machine lacks |", sources) == []
 
