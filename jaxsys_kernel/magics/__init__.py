@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import IPython
 
+from .parameters import Parameters
 from .session import MultihostSession, make_spmd_transformer
 
 
@@ -33,6 +34,10 @@ def register_magics(shell) -> MultihostSession:
     shell.input_transformers_cleanup.insert(1, action_help_transformer)
     shell.events.register("post_run_cell", session.report_refusals)
     shell.events.register("post_run_cell", session.report_rotation)
+    # A papermill parameters cell runs in the kernel: its values go on to the processes.
+    parameters = Parameters(session)
+    shell.events.register("pre_run_cell", parameters.before_cell)
+    shell.events.register("post_run_cell", parameters.after_cell)
     shell._jaxsys_session = session
     return session
 

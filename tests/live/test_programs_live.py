@@ -220,3 +220,14 @@ def test_initialize_that_disagrees_with_the_world_is_refused(k):
     assert "num_processes=4 (the running world has 2)" in text, text
     assert "jaxsys owns the world" in text, text
     assert "[p0-1] gathered [0, 1]" in k.ok(COLLECTIVE).stdout
+
+
+def test_a_parameters_cell_run_beside_a_ready_cluster_reaches_every_process(k):
+    # What papermill injects, run in the kernel while the cluster is up.
+    k.ok("# Parameters\nsteps_given = 5\nname_given = 'run-a'")
+    out = k.ok("%%multihost\nprint('got', steps_given, name_given)")
+    assert "[p0-1] got 5 run-a" in out.stdout, out.stdout
+    # A plain cell without the comment stays the kernel's own.
+    k.ok("kernel_only = 1")
+    out = k.execute("%%multihost\nkernel_only")
+    assert out.status == "error" and "NameError" in plain(out), plain(out)

@@ -70,3 +70,15 @@ def test_run_module_raises_and_exit_zero_is_a_normal_end(tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="inside"):
         shell.safe_run_module("failing_mod_x", {})
     shell.safe_run_module("exiting_mod_x", {})
+
+
+def test_a_parameters_cell_is_known_by_papermills_comment_and_its_names_are_read():
+    from jaxsys_kernel.magics.parameters import assigned_names, is_parameters_cell
+
+    assert is_parameters_cell("# Parameters\nsteps = 3\n")
+    assert is_parameters_cell("\n# parameters\nsteps = 3")
+    assert not is_parameters_cell("steps = 3\n# Parameters")
+    assert not is_parameters_cell("%%multihost\n# Parameters\nsteps = 3")
+    source = '# Parameters\nsteps = 3\nname = "x"\nlr, (a, b) = 0.1, (1, 2)\nn: int = 4\n'
+    assert assigned_names(source) == ["steps", "name", "lr", "a", "b", "n"]
+    assert assigned_names("# Parameters\nsteps = (") == []
