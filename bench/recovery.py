@@ -125,6 +125,8 @@ def reference(cluster, args, tmp: str) -> tuple[str, float]:
 
 def trial(cluster, args, kind: str, ref: str, tmp: str) -> dict:
     """One fault of ``kind`` at a random step, the restart, and the resume."""
+    # JAX's preemption sync point counts one run's steps per world: each run gets a new one.
+    fresh_world(cluster)
     ckpt, marks = tempfile.mkdtemp(dir=tmp), tempfile.mkdtemp(dir=tmp)
     # In the first half, so that a preemption notice has time to reach every process.
     at = random.randint(2, args.steps // 2)

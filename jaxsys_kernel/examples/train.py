@@ -12,7 +12,9 @@ Every process runs :func:`train` at the same time (one JAX program over all proc
   :func:`train` restores the latest checkpoint on its own, so a restarted program resumes.
 * Preemption: on SIGTERM to any one process, JAX's coordination service picks a step that
   every process has not yet reached; ``reached_preemption_sync_point`` returns True there on
-  all of them at once, they save that step together and return.
+  all of them at once, they save that step together and return. The sync point counts the
+  steps of one run per JAX world: a second run in the same world may be told to stop at a
+  step it never reaches, so restart the world between runs that must stop on preemption.
 
 Nothing depends on the wall clock or on the process that happens to be fastest: a run that
 stops after a checkpoint and resumes ends with the same bits as one that never stopped.

@@ -106,6 +106,9 @@ def _terminate_at(cluster, marks, step: int, sent: list) -> None:
 
 
 def test_sigterm_to_one_process_saves_the_same_step_everywhere(cluster, reference, tmp_path):
+    # JAX's preemption sync point counts one run's steps per world: a world that already
+    # trained to step 12 would pick a step past the new run's end.
+    restart(cluster)
     marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
     marks.mkdir()
     sent: list[int] = []
