@@ -2,10 +2,15 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { Dialog, ICommandPalette, showDialog } from '@jupyterlab/apputils';
 import { IEditorLanguageRegistry } from '@jupyterlab/codemirror';
 import { IMainMenu } from '@jupyterlab/mainmenu';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import {
+  INotebookTracker,
+  Notebook,
+  NotebookActions,
+  NotebookPanel
+} from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { registerJaxsysLanguage } from './highlight';
@@ -21,6 +26,8 @@ export namespace CommandIDs {
   export const restartWorld = 'jaxsys:restart-world';
   export const dumpStacks = 'jaxsys:dump-stacks';
   export const openSidebar = 'jaxsys:open-sidebar';
+  export const restartRunToSelected = 'jaxsys:restart-world-run-to-selected';
+  export const restartRunAll = 'jaxsys:restart-world-run-all';
 }
 
 /** The DOM id of the status item. */
@@ -72,7 +79,81 @@ function addCommands(
       }
     });
   }
+  addRestartAndRun(app, model, sidebar, ready, open);
   model.changed.connect(() => app.commands.notifyCommandChanged());
+}
+
+/** Whether a code cell starts a cluster (`%jaxsys start` on a line of its own). */
+function startsCluster(cell: Notebook['widgets'][number]): boolean {
+  const source = cell.model.sharedModel.getSource();
+  return cell.model.type === 'code' && /^\s*%jaxsys\s+start\b/m.test(source);
+}
+
+/**
+ * Restart the JAX world, then run the notebook's cells again, as JupyterLab's own
+ * "Restart Kernel and Run ..." do for the kernel: every process starts empty, and the cells
+ * that built its state build it again. The kernel itself keeps running.
+ */
+function addRestartAndRun(
+  app: JupyterFrontEnd,
+  model: JaxsysModel,
+  sidebar: JaxsysSidebar,
+  ready: () => boolean,
+  open: () => void
+): void {
+  const variants: [string, string, string, boolean][] = [
+    [
+      CommandIDs.restartRunToSelected,
+      'Restart JAX World and Run up to Selected Cell…',
+      'Restart, run to selected',
+      true
+    ],
+    [CommandIDs.restartRunAll, 'Restart JAX World and Run All Cells…', 'Restart, run all', false]
+  ];
+  for (const [id, label, short, upTo] of variants) {
+    const execute = async (): Promise<boolean> => {
+      const panel = model.panel;
+      if (!panel) {
+        return false;
+      }
+      const answer = await showDialog({
+        title: `Restart the JAX world and ${upTo ? 'run up to the selected cell' : 'run all cells'}?`,
+        body:
+          'Every process starts empty: what %%multihost cells defined is lost, and the ' +
+          'cells run again to rebuild it. The kernel and its own names stay.',
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Restart' })]
+      });
+      if (!answer.button.accept) {
+        return false;
+      }
+      // The restart's progress and answer show in the sidebar, as for the other commands.
+      open();
+      const reply = await sidebar.run('restart');
+      if (!reply?.ok) {
+        // The sidebar shows why; cells run against a world that did not come back would fail.
+        return false;
+      }
+      const { content, sessionContext } = panel;
+      const last = upTo ? content.activeCellIndex : content.widgets.length - 1;
+      const cells = content.widgets.slice(0, last + 1);
+      // The restarted world keeps the options it was started with: a cell that starts
+      // the cluster would be refused (one is running), and stop the run there.
+      const skipped = cells.filter(startsCluster);
+      if (skipped.length) {
+        const which = skipped.map(c => `cell ${content.widgets.indexOf(c) + 1}`).join(', ');
+        sidebar.note(`${short}: skipped ${which} (%jaxsys start): the restarted world is running`);
+      }
+      return NotebookActions.runCells(
+        content,
+        cells.filter(c => !skipped.includes(c)),
+        sessionContext
+      );
+    };
+    app.commands.addCommand(id, { label, isEnabled: () => ready() && !!model.panel, execute });
+    sidebar.addButton(short, `jaxsys-${id.split(':')[1]}`, label, () => {
+      void app.commands.execute(id);
+    });
+  }
 }
 
 /** Where the status item goes when the shell has no status bar (Notebook 7). */
@@ -132,6 +213,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       CommandIDs.startCluster,
       CommandIDs.stopCluster,
       CommandIDs.restartWorld,
+      CommandIDs.restartRunToSelected,
+      CommandIDs.restartRunAll,
       CommandIDs.dumpStacks,
       CommandIDs.openSidebar
     ];

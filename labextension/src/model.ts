@@ -23,6 +23,11 @@ export class JaxsysModel {
     return this._link;
   }
 
+  /** The current notebook, if any. */
+  get panel(): NotebookPanel | null {
+    return this._panel;
+  }
+
   /** Whether the current notebook runs a jaxsys kernel. */
   get active(): boolean {
     return this._link?.isJaxsys === true;

@@ -100,10 +100,31 @@ export class JaxsysSidebar extends Widget {
     }
   }
 
+  /**
+   * Add a button beside the actions that runs `onClick` (an application command), enabled
+   * while the world can restart.
+   */
+  addButton(label: string, className: string, title: string, onClick: () => void): void {
+    const node = button(label, className, title);
+    node.addEventListener('click', onClick);
+    this._extra.push(node);
+    this._actions.append(node);
+    this._render();
+  }
+
+  /** Say something in the panel and its log, stamped with the time. */
+  note(message: string, error = false): void {
+    this._say(message, error);
+    const stamp = new Date().toLocaleTimeString([], { hour12: false });
+    const t = this._transcript;
+    t.lines = [...t.lines, `${stamp} ${message}`].slice(-MAX_LOG);
+    this._showLog();
+  }
+
   private _build(): void {
     const head = el('div', 'jaxsys-head');
     head.append(el('h2', 'jaxsys-title', 'jaxsys'), this._kernel);
-    const actions = el('div', 'jaxsys-actions');
+    const actions = this._actions;
     const buttons: [Action, string, string, string][] = [
       ['start', 'Start', 'jaxsys-start', 'start a cluster with the kernel’s defaults'],
       ['stop-cluster', 'Stop', 'jaxsys-stop', 'stop the cluster (a running cell is interrupted first)'],
@@ -185,6 +206,9 @@ export class JaxsysSidebar extends Widget {
     };
     for (const [action, node] of this._buttons) {
       node.disabled = !enabled[action] || this._busy.has(action);
+    }
+    for (const node of this._extra) {
+      node.disabled = !ready || this._busy.size > 0;
     }
     this._groups.render(c);
     this._renderRows(c, ready);
@@ -356,6 +380,8 @@ export class JaxsysSidebar extends Widget {
   private _transcript: ITranscript = { message: '', error: false, lines: [] };
   private _transcripts = new WeakMap<object, ITranscript>();
   private _buttons = new Map<Action, HTMLButtonElement>();
+  private _actions = el('div', 'jaxsys-actions');
+  private _extra: HTMLButtonElement[] = [];
   private _rowByRank = new Map<number, HTMLTableRowElement>();
   private _busy = new Set<string>();
 }
