@@ -43,9 +43,15 @@ def check_processes(cluster, ranks: Sequence[int], still_running: Collection[int
             + (f": {cluster.processes[r].died}" if cluster.processes[r].died else "")
             for r in dead
         )
+        if not live or cluster.processes[0].state == "dead":
+            # Process 0's death ends the others (they lose the coordination service).
+            raise UsageError(
+                f"no process is running ({why}); %jaxsys restart restarts the whole world "
+                "(every name defined on the processes is gone)"
+            )
         raise UsageError(
             f"{format_procs(dead)} {'is' if one else 'are'} not running ({why}); run on "
-            f"the others with --procs {format_procs(live)[1:] if live else '...'}, or bring "
+            f"the others with --procs {format_procs(live)[1:]}, or bring "
             f"{'it' if one else 'them'} back with %jaxsys restart"
         )
     busy = sorted(set(still_running) & set(ranks))

@@ -83,6 +83,29 @@ def fetch_value(value: Any, want: int) -> Any:
     return converted
 
 
+#: At most this many names answer :func:`user_names` (the kernel bounds them again).
+USER_NAMES_LIMIT = 2000
+
+
+def user_names() -> list[str]:
+    """The names the user defined in this engine's namespace, sorted, at most
+    :data:`USER_NAMES_LIMIT` (IPython's own and underscore names left out).
+
+    The kernel compares them across processes to tell what a restarted process lacks.
+    """
+    shell = get_ipython()
+    hidden = shell.user_ns_hidden
+    names = sorted(
+        k
+        for k in shell.user_ns
+        if isinstance(k, str)
+        and not k.startswith("_")
+        and k not in hidden
+        and k not in ("In", "Out", "exit", "quit", "get_ipython")
+    )
+    return names[:USER_NAMES_LIMIT]
+
+
 def complete(code: str, cursor_pos: int) -> dict:
     """Completions from this engine's namespace, in the kernel protocol's reply format."""
     kernel = get_ipython().kernel

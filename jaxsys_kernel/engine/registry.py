@@ -21,7 +21,7 @@ ENGINE_FUNCTIONS: dict[str, frozenset[str]] = {
         {"describe_process", "free_port", "initialize", "take_over", "wait_booted"}
     ),
     "probes": frozenset(
-        {"describe_value", "fetch_value", "complete", "inspect", "network_endpoints"}
+        {"describe_value", "fetch_value", "complete", "inspect", "network_endpoints", "user_names"}
     ),
     "cache": frozenset({"list_entries", "clear_entries", "set_thresholds", "describe"}),
     "guards": frozenset({"set_transfer_guard", "state", "arm_thread_guard"}),

@@ -156,9 +156,14 @@ def stop(session, args: argparse.Namespace) -> None:
 def restart(session, args: argparse.Namespace) -> None:
     """Replace every process and re-initialise JAX, or replace one process.
 
-    Without ``P`` this is the way to recover from a hang or a broken collective on CPU.
-    With ``P`` (or ``--procs``, for several) only that process is replaced, and it rejoins
-    the running JAX world (process 0 cannot: it hosts the coordination service).
+    Without ``P`` this is the way to recover from a hang or a broken collective on CPU;
+    every name the cells defined on the processes is gone (re-run the cells that built
+    them, or restore from a checkpoint). With ``P`` (or ``--procs``, for several) only that
+    process is replaced and rejoins the running JAX world (process 0 cannot: it hosts the
+    coordination service). The new process starts empty: the message lists the names the
+    others hold that it lacks, to rebuild with ``%%multihost --procs P``. On CPU a
+    collective after a rejoin needs a device order not used before it (for instance the
+    mesh's devices reversed, as notebook 03 does), or a world restart.
 
     Examples
     --------
@@ -171,17 +176,23 @@ def restart(session, args: argparse.Namespace) -> None:
     ranks = processes(session, args.process, args.procs, "%jaxsys restart")
     if ranks is not None:
         for r in ranks:
-            took = commands.call(session, "restart", r).took
+            result = commands.call(session, "restart", r)
             spare = " (from the standby)" if session.cluster.standby_status()["taken"] else ""
             print(
-                f"jaxsys: process {r} restarted and rejoined the JAX world in {took:.1f} s{spare}"
+                f"jaxsys: process {r} restarted and rejoined the JAX world in "
+                f"{result.took:.1f} s{spare}"
             )
+            for line in result.log:
+                print(line)
         return
-    took = commands.call(session, "restart").took
+    result = commands.call(session, "restart")
     taken = session.cluster.standby_status()["taken"]
     print(
         f"jaxsys: restarted all {session.cluster.nprocs} processes; "
-        f"JAX world ready again in {took:.1f} s" + (f" ({taken} from the standby)" if taken else "")
+        f"JAX world ready again in {result.took:.1f} s"
+        + (f" ({taken} from the standby)" if taken else "")
+        + ". "
+        + " ".join(result.log)
     )
 
 
@@ -193,7 +204,9 @@ def kill(session, args: argparse.Namespace) -> None:
     """Inject a fault: send a signal to one process.
 
     The others keep running; JAX declares the process dead after the heartbeat timeout
-    (``%jaxsys start --heartbeat``), and ``%jaxsys restart P`` brings it back.
+    (``%jaxsys start --heartbeat``), and ``%jaxsys restart P`` brings it back, empty (see
+    ``%jaxsys restart?``). Process 0 cannot come back alone: it hosts the coordination
+    service, the others end with it, and only ``%jaxsys restart`` (the world) helps.
 
     Examples
     --------

@@ -27,6 +27,7 @@ from IPython.core.error import UsageError
 from .._ranges import format_procs
 from ..cells import report
 from ..errors import ProtocolError
+from . import recovery
 
 #: Where a command can be given: the ``%jaxsys`` magic, the JupyterLab sidebar's buttons
 #: (and its command palette), the dashboard's buttons, and the ``jaxsys`` comm.
@@ -155,12 +156,16 @@ def _restart(c: Call) -> Result:
     if c.rank is None:
         c.progress("restarting the JAX world...")
         took = c.session.restart()
-        return Result(True, "ok", f"JAX world restarted in {took:.1f} s", took=took)
+        return Result(
+            True, "ok", f"JAX world restarted in {took:.1f} s", (recovery.WORLD_LOST,), took
+        )
     c.progress(f"p{c.rank} restarting...")
     # The session's restart, not the cluster's: it also forgets that the old process was
     # still busy with an earlier cell, so the next cell is not refused as out of step.
     took = c.session.restart_process(c.rank)
-    return Result(True, "ok", f"p{c.rank} rejoined in {took:.1f} s", took=took)
+    # It starts empty: what it lacks, and what a collective needs now, on every surface.
+    lines = tuple(recovery.rejoin_lines(c.session.cluster, c.rank))
+    return Result(True, "ok", f"p{c.rank} rejoined in {took:.1f} s", lines, took)
 
 
 # -- the table ----------------------------------------------------------------------------------

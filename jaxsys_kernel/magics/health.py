@@ -40,11 +40,13 @@ class Health:
 
     state: str
     reason: str = ""
+    #: A state that is usually quiet but warns here (every process of a cluster dead).
+    alarm: bool = False
 
     @property
     def warning(self) -> bool:
         """Whether views should show this state as a warning."""
-        return self.state in WARNING
+        return self.state in WARNING or self.alarm
 
     def line(self) -> str:
         """``cluster: out of step (why)``, as ``%jaxsys status`` prints it."""
@@ -85,6 +87,11 @@ def health(cluster, broken: str | None = None, process_states=None) -> Health:
         if state in (*_UNWELL, *_RETURNING):
             unwell.setdefault(state, []).append(rank)
     said = ", ".join(f"{format_procs(ranks)} {state}" for state, ranks in unwell.items())
+    if process_states and unwell.get("dead") and len(unwell["dead"]) == len(process_states):
+        # Nothing is left to be degraded: the world is gone (process 0's death ends all).
+        return Health(
+            STOPPED, f"every process is dead ({said}); %jaxsys restart starts them again", True
+        )
     if any(state in _UNWELL for state in unwell):
         return Health(DEGRADED, said)
     if unwell:

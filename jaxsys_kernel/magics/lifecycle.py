@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from ..cluster import Cluster, ClusterConfig
 from ..cluster.audit import refusal_notice
 from ..cluster.options import kernelspec_layer
+from . import recovery
 
 
 def _duration(seconds: float) -> str:
@@ -127,13 +128,7 @@ class Lifecycle:
         if signal_name == "INT":
             return f"jaxsys: sent SIGINT to process {rank}"
         head = f"jaxsys: process {rank} killed with SIG{signal_name}; gone after {took:.2f} s."
-        if cluster.recoverable:
-            return (
-                f"{head} The others keep running: JAX declares it dead after "
-                f"{cluster.heartbeat_timeout:g} s without heartbeats, and live_devices then "
-                f"leaves out its devices. %jaxsys restart {rank} brings it back."
-            )
-        return f"{head} Without recoverability the others will stop too: %jaxsys restart."
+        return f"{head} {recovery.kill_guidance(cluster, rank)}"
 
     def restart_process(self, rank: int) -> float:
         """Replace one process, which rejoins the running JAX world."""

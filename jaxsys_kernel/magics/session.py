@@ -18,6 +18,7 @@ from .._ranges import parse_procs
 from ..cells import guard, hang, timeline
 from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 from ..cluster import Cluster
+from . import recovery
 from .boundary import usage_boundary
 from .controls import Controls
 from .dashboard_wiring import DashboardWiring
@@ -159,7 +160,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         raise if any process failed."""
         if run.hang_action == "restart":
             took = self.restart()
-            print(f"jaxsys: JAX world restarted in {took:.1f} s")
+            print(f"jaxsys: JAX world restarted in {took:.1f} s. {recovery.WORLD_LOST}")
         else:
             # Processes that outlived the cell (an interrupt that could not free them) would
             # run the next cell only after this one: remember them.

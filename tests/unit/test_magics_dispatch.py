@@ -126,7 +126,11 @@ def test_restart_world_and_one_process(shell, session, capsys):
         ("restart_process", (1,), {}),
     ]
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "jaxsys: restarted all 2 processes; JAX world ready again in 1.5 s"
+    assert out[0] == (
+        "jaxsys: restarted all 2 processes; JAX world ready again in 1.5 s. All names defined "
+        "on the processes are gone; re-run the cells that built them, or restore from a "
+        "checkpoint."
+    )
     assert out[1] == "jaxsys: process 1 restarted and rejoined the JAX world in 0.5 s"
 
 

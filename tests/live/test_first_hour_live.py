@@ -1,0 +1,87 @@
+"""A newcomer's faults on a real 2-process cluster: every message after a fault ends in a path
+that works when followed as printed, and says what was lost."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from ..harness import kernel_with_cluster, process_states
+
+pytestmark = pytest.mark.slow
+
+SETUP = """%%multihost
+import jax, numpy as np, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+params = np.ones((1,), np.float32)
+"""
+# A sum over both processes' devices in the order `devices` (a collective on CPU: gloo).
+COLLECTIVE = """
+mesh = jax.make_mesh((len(devices),), ("x",), devices=devices)
+a = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), params)
+print("sum", float(jax.jit(jnp.sum)(a)))
+"""
+
+
+@pytest.fixture(scope="module")
+def k(tag):
+    with kernel_with_cluster(
+        tag, "%jaxsys start --hosts 2 --devices-per-host 1 --heartbeat 2"
+    ) as kernel:
+        yield kernel
+
+
+def _commands(text: str) -> list[str]:
+    return re.findall(r"%jaxsys restart(?: \d+)?", text)
+
+
+def test_the_kill_message_leads_to_a_working_collective(k):
+    k.ok(SETUP)
+    k.ok("%%multihost\ndevices = jax.devices()\n" + COLLECTIVE)  # gloo now knows this order
+    killed = k.ok("%jaxsys kill 1").stdout
+    # The path, from the kill message alone: its first command brings process 1 back.
+    assert "%jaxsys restart 1" in killed and "starts empty" in killed, killed
+    rejoined = k.ok(_commands(killed)[0], timeout=120).stdout
+    # The restart says that p1 is empty, what it lacks and how to rebuild it...
+    assert "Process 1 starts empty and lacks " in rejoined, rejoined
+    lacks = rejoined.split("and lacks ", 1)[1].split(", which", 1)[0]
+    assert {"jax", "np", "params", "devices", "mesh"} <= set(lacks.split(", ")), rejoined
+    assert "%%multihost --procs 1" in rejoined, rejoined
+    # ... and what a collective needs on CPU, as code to copy.
+    devices_line = re.search(r"`(devices = [^`]+)`", rejoined)
+    assert devices_line, rejoined
+    k.ok("%%multihost --procs 1\n" + SETUP.split("\n", 1)[1])
+    out = k.ok("%%multihost\n" + devices_line.group(1) + "\n" + COLLECTIVE, timeout=60)
+    assert out.stdout == "[p0-1] sum 2.0\n", out.stdout + out.stderr
+
+
+def test_a_world_restart_says_every_name_is_gone(k):
+    out = k.ok("%jaxsys restart", timeout=120)
+    assert "All names defined on the processes are gone" in out.stdout, out.stdout
+    assert "re-run the cells that built them, or restore from a checkpoint" in out.stdout
+
+
+def test_process_zero_killed_says_up_front_only_a_world_restart_helps(k):
+    killed = k.ok("%jaxsys kill 0").stdout
+    assert "cannot come back alone" in killed and "%jaxsys restart restarts" in killed, killed
+    assert "restart 0" not in killed and "keep running" not in killed, killed
+    # Process 0's death ends the other one (the coordination service went with it).
+    deadline = time.monotonic() + 30
+    while True:
+        status = k.ok("%jaxsys status").stdout
+        if set(process_states(status).values()) == {"dead"} or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(process_states(status).values()) == {"dead"}, status
+    assert "degraded" not in status and "%jaxsys restart" in status.splitlines()[0], status
+    refused = k.execute("%%multihost\nprint(1)")
+    assert refused.status == "error", refused
+    assert "--procs ..." not in refused.error["evalue"], refused.error["evalue"]
+    assert "%jaxsys restart restarts the whole world" in refused.error["evalue"]
+    # Followed as printed, the world comes back and a collective works.
+    k.ok(_commands(killed)[0], timeout=120)
+    k.ok(SETUP)
+    out = k.ok("%%multihost\ndevices = jax.devices()\n" + COLLECTIVE, timeout=60)
+    assert out.stdout == "[p0-1] sum 2.0\n", out.stdout + out.stderr

@@ -1,0 +1,56 @@
+"""After a fault the words lead somewhere: a world with no live process is not "degraded", and a
+cell refused for it offers no literal ``--procs ...``."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+from jaxsys_kernel.cells.guard import check_processes
+from jaxsys_kernel.magics import recovery
+from jaxsys_kernel.magics.health import health
+
+from .test_cellrun import FakeProcesses
+from .test_labextension import fake_cluster
+
+
+def test_a_world_with_every_process_dead_is_not_degraded():
+    said = health(fake_cluster(("dead", "dead")))
+    assert said.state == "stopped" and said.warning
+    assert said.line() == (
+        "cluster: stopped (every process is dead (p0-1 dead); %jaxsys restart starts them again)"
+    )
+
+
+@pytest.mark.parametrize("states", [(("dead", ""), ("dead", "")), (("dead", ""), ("ready", ""))])
+def test_a_cell_with_process_zero_dead_offers_only_the_world_restart(states):
+    with pytest.raises(UsageError) as e:
+        check_processes(FakeProcesses(*states), [0, 1], still_running=())
+    said = str(e.value)
+    assert "--procs" not in said and "%jaxsys restart restarts the whole world" in said
+
+
+class Answers:
+    """A cluster whose processes answer ``user_names`` with the given values."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.ranks = list(answers)
+        self.processes = [type("P", (), {"state": "ready", "platform": "cpu"})] * len(answers)
+
+    def call(self, ranks, fn, timeout):
+        return type("Calls", (), {"results": {r: self.answers[r] for r in ranks}})
+
+
+def test_a_rejoined_process_is_told_what_it_lacks_bounded():
+    hostile = ["params", "x" * 10_000, 7, *(f"n{i}" for i in range(5000))]
+    lines = recovery.rejoin_lines(Answers({0: hostile, 1: ["jax"], 2: ["params"]}), 1)
+    assert lines[0].startswith("Process 1 starts empty and lacks n0, n1, ")
+    assert "x" * 101 not in lines[0] and "and 1986 more, which the others hold" in lines[0]
+    assert "%%multihost --procs 1" in lines[0]
+    assert lines[1] == recovery.CPU_COLLECTIVE
+
+
+def test_kill_guidance_for_process_zero_says_it_cannot_come_back():
+    said = recovery.kill_guidance(object(), 0)
+    assert "cannot come back alone" in said and recovery.WORLD_LOST in said
