@@ -25,6 +25,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests import netns
@@ -90,6 +91,32 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
+def _reachable_mounts(paths: Sequence[str], stage: Path) -> str:
+    """Shell commands that make ``paths`` reachable by every user in a mount namespace.
+
+    A folder behind one that only its owner may enter (root's home, 0700, where pyenv keeps
+    the interpreter) is unreachable for another user's job. In the slurmd's own mount
+    namespace (which its jobs inherit), each such closed ancestor is covered by an empty
+    tmpfs of mode 0755 and the paths are bound back in at their own place; nothing changes
+    outside that namespace, and the paths' own modes are kept.
+    """
+    closed: dict[str, list[str]] = {}
+    for path in paths:
+        parts = Path(path).parts
+        for i in range(2, len(parts)):
+            ancestor = str(Path(*parts[:i]))
+            if not os.stat(ancestor).st_mode & 0o001:
+                closed.setdefault(ancestor, []).append(path)
+                break
+    cmds = []
+    for k, (ancestor, inside) in enumerate(closed.items()):
+        pairs = [(stage / f"{k}-{j}", p) for j, p in enumerate(inside)]
+        cmds += [f"mkdir -p {s} && mount --bind {p} {s}" for s, p in pairs]
+        cmds.append(f"mount -t tmpfs -o mode=0755 jaxsys-reach {ancestor}")
+        cmds += [f"mkdir -p {p} && mount --bind {s} {p}" for s, p in pairs]
+    return "".join(f"{c} && " for c in cmds)
+
+
 class SlurmHosts:
     """A private Slurm cluster of ``n`` namespace hosts (``host0`` ... ``host{n-1}``).
 
@@ -105,8 +132,11 @@ class SlurmHosts:
 
     __test__ = False
 
-    def __init__(self, n: int = 3):
+    def __init__(self, n: int = 3, *, other_users: Sequence[str] = ()):
+        # other_users: folders (an interpreter, a venv) that jobs of users other than root
+        # must reach; with any, the munge socket and slurm.conf are reachable by every user.
         self.n = n
+        self.other_users = [str(Path(p).resolve()) for p in other_users]
         self.hosts = netns.TestHosts(n, prefix="slm", pin_hostname=False)
         self.dir = Path(tempfile.mkdtemp(prefix="jaxsys-slurm-"))
         self.env: dict[str, str] = {}
@@ -141,7 +171,10 @@ class SlurmHosts:
         d = self.dir
         for sub in ("munge", "state", "log", *(f"spool/{h}" for h in self.node_names)):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(d / "munge", 0o700)
+        # Other users' sbatch must reach munged's socket and read slurm.conf (the key stays 0400).
+        mode = 0o711 if self.other_users else 0o700
+        os.chmod(d, mode)
+        os.chmod(d / "munge", mode)
         key = d / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
@@ -170,6 +203,7 @@ class SlurmHosts:
         for i, name in enumerate(self.node_names):
             inner = (
                 f"hostname {name} && mount --bind {hosts_file} /etc/hosts && "
+                f"{_reachable_mounts(self.other_users, d / 'reach')}"
                 f"exec slurmd -D -N {name} -f {conf}"
             )
             self._daemon(

@@ -1,0 +1,211 @@
+"""jaxsys in a JupyterLab that JupyterHub (batchspawner) started as a Slurm job, as a user
+drives it: over the hub's REST API, the Lab's REST API and a kernel's websocket, as a real
+user made with ``useradd`` (tests/hub.py), on the suite's private Slurm.
+
+A cluster is started and computes inside the Lab's job (local launcher, ``--launcher
+slurm``, attached to the Lab's own job); stopping it leaves the Lab alive; stopping the Lab
+through the hub or killing the kernel leaves no job, no process and no key directory; the
+other user is refused; and the hub's batchspawner callback (jaxsys's shipped configuration)
+takes a port and nothing else, so a user's ``batch_query_cmd`` never runs.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from .. import hub as labhub
+from ..hub import LabHub, LabKernel, user_pids, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SUM_CELL = (
+    "%%multihost\nimport jax, numpy as np\nfrom jax.experimental import multihost_utils as mu\n"
+    "g = mu.process_allgather(np.array([jax.process_index() + 1.0]))\n"
+    "print('sum', float(g.sum()), 'of', jax.process_count())"
+)
+# What the 2 processes print after SUM_CELL (the same line from both, shown once).
+SUM_LINE = "[p0-1] sum 3.0 of 2"
+# Seconds allowed from a stop or a kill to no job, no process and no key directory.
+DRAIN_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def hub():
+    reason = labhub.available()
+    if reason:
+        pytest.skip(f"no JupyterHub on Slurm here: {reason}")
+    with LabHub() as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def alice(hub):
+    return hub.users[0]
+
+
+@pytest.fixture(scope="module")
+def alice_token(hub, alice):
+    return hub.user_token(alice)
+
+
+def _kernel_pids(user: str) -> list[int]:
+    found = []
+    for pid in user_pids(user):
+        try:
+            if (
+                "jaxsys_kernel" in " ".join(psutil.Process(pid).cmdline())
+                and "-f" in psutil.Process(pid).cmdline()
+            ):
+                found.append(pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _key_dirs(user: str) -> list[Path]:
+    """jaxsys profile directories (keys, certificates) of ``user`` in the node's temp dir."""
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid
+    out = []
+    for p in Path(tempfile.gettempdir()).glob("jaxsys-profile-*"):
+        try:
+            if p.stat().st_uid == uid:
+                out.append(p)
+        except OSError:
+            continue
+    return out
+
+
+def _assert_sum(text: str) -> None:
+    assert SUM_LINE in text, f"expected {SUM_LINE!r} from both processes:\n{text}"
+
+
+def _nothing_left(hub: LabHub, user: str) -> None:
+    wait_for(lambda: not hub.job_of(user), DRAIN_S, f"{user}'s jobs gone: {hub.job_of(user)}")
+    wait_for(lambda: not user_pids(user), DRAIN_S,
+             f"{user}'s processes gone: {[psutil.Process(p).cmdline() for p in user_pids(user)]}")  # fmt: skip
+    wait_for(
+        lambda: not _key_dirs(user), DRAIN_S, f"{user}'s key directories gone: {_key_dirs(user)}"
+    )
+
+
+def test_the_lab_serves_and_lists_the_jaxsys_kernel_to_its_user(hub, alice, alice_token):
+    hub.ensure_server(alice)
+    (job,) = hub.job_of(alice)
+    assert job.endswith("RUNNING"), job
+    h = {"Authorization": f"token {alice_token}"}
+    specs = requests.get(f"{hub.url}/user/{alice}/api/kernelspecs", headers=h, timeout=30)
+    assert specs.status_code == 200, specs.text
+    assert "jaxsys" in specs.json()["kernelspecs"], sorted(specs.json()["kernelspecs"])
+    lab = requests.get(f"{hub.url}/user/{alice}/lab", headers=h, timeout=30)
+    assert lab.status_code == 200
+
+
+def test_the_callback_takes_a_port_only_and_runs_nothing_a_user_sends(hub, alice):
+    hub.ensure_server(alice)
+    token = hub.server_token(alice)
+    marker = hub.dir / "escalated"
+    url = f"{hub.url}/hub/api/batchspawner"
+    h = {"Authorization": f"token {token}"}
+    polls = hub.hub_log().count("Spawner querying job")
+    evil = {"batch_query_cmd": f"touch {marker}; squeue -h -j {{job_id}} -o '%T %B'"}
+    r = requests.post(url, json=evil, headers=h, timeout=30)
+    assert r.status_code == 400 and "batch_query_cmd" in r.text, (r.status_code, r.text)
+    r = requests.post(url, json={"port": 1, "exec_prefix": "true;"}, headers=h, timeout=30)
+    assert r.status_code == 400, (r.status_code, r.text)
+    # A running server reported its port already: a second report is refused.
+    r = requests.post(url, json={"port": 1}, headers=h, timeout=30)
+    assert r.status_code == 409, (r.status_code, r.text)
+    # Unauthenticated: refused before anything is read.
+    assert requests.post(url, json={"port": 1}, timeout=30).status_code == 403
+    # Two polls of the job after the requests ran the hub's own query, not the user's.
+    wait_for(lambda: hub.hub_log().count("Spawner querying job") >= polls + 2, 30,
+             "two polls of the job")  # fmt: skip
+    queries = hub.hub_log().split("Spawner querying job")[polls + 1 :]
+    assert not any("touch" in q.splitlines()[0] for q in queries), queries
+    assert not marker.exists()
+    assert hub.server(alice)["ready"]
+
+
+def test_a_cluster_in_the_lab_computes_and_the_other_user_is_refused(hub, alice, alice_token):
+    hub.ensure_server(alice)
+    k = LabKernel(hub, alice, alice_token)
+    try:
+        out = k.ok("%jaxsys start --hosts 2 --devices-per-host 1", timeout=180)
+        assert "ready" in out, out
+        _assert_sum(k.ok(SUM_CELL))
+        status = k.ok("%jaxsys status")
+        assert "2" in status
+        # The other user: refused by alice's Lab with his own token.
+        bob_token = hub.user_token(hub.users[1])
+        r = requests.get(f"{hub.url}/user/{alice}/api/kernels",
+                         headers={"Authorization": f"token {bob_token}"}, timeout=30)  # fmt: skip
+        assert r.status_code == 403, (r.status_code, r.text)
+        k.ok("%jaxsys stop")
+    finally:
+        k.close()
+
+
+def test_a_killed_kernel_leaves_no_process_and_no_keys(hub, alice, alice_token):
+    hub.ensure_server(alice)
+    before = set(user_pids(alice))
+    k = LabKernel(hub, alice, alice_token)
+    try:
+        k.ok("%jaxsys start --hosts 2 --devices-per-host 1", timeout=180)
+        (kernel_pid,) = _kernel_pids(alice)
+        assert _key_dirs(alice), "no profile directory while the cluster runs"
+        psutil.Process(kernel_pid).kill()
+        wait_for(lambda: set(user_pids(alice)) <= before, DRAIN_S,
+                 "only the Lab's processes left")  # fmt: skip
+        wait_for(lambda: not _key_dirs(alice), DRAIN_S, f"key directories gone: {_key_dirs(alice)}")
+    finally:
+        k.ws.close()
+    assert hub.server(alice)["ready"]
+
+
+def test_slurm_launcher_from_the_lab_then_the_hub_stops_the_lab_leaving_nothing(
+    hub, alice, alice_token
+):
+    hub.ensure_server(alice)
+    k = LabKernel(hub, alice, alice_token)
+    try:
+        out, error = k.execute(
+            "%jaxsys start --launcher slurm --hosts 2 --devices-per-host 1 --time 10:00",
+            timeout=180,
+        )
+        assert error is None, f"{error}\n{out}\n{hub.slurm.log_tail()}"
+        _assert_sum(k.ok(SUM_CELL))
+        jobs = hub.job_of(alice)
+        assert len(jobs) == 2, jobs
+        env = k.ok("%%multihost\nimport os\nprint('cpus', os.environ.get('SLURM_CPUS_PER_TASK'))")
+        assert "cpus None" in env, f"the Lab job's variables reached the engines:\n{env}"
+    finally:
+        k.ws.close()
+    hub.stop(alice)
+    _nothing_left(hub, alice)
+
+
+def test_attach_to_the_labs_own_job_then_stop_leaves_the_lab_alive(hub, alice, alice_token):
+    hub.ensure_server(alice)
+    k = LabKernel(hub, alice, alice_token)
+    try:
+        job = k.ok("import os\nprint(os.environ['SLURM_JOB_ID'])").strip()
+        out, error = k.execute(f"%jaxsys attach {job} --hosts 2 --devices-per-host 1", timeout=180)
+        assert error is None, f"{error}\n{out}\n{hub.slurm.log_tail()}"
+        _assert_sum(k.ok(SUM_CELL))
+        k.ok("%jaxsys stop")
+        assert k.ok("print(6 * 7)").strip() == "42"
+        assert hub.server(alice)["ready"]
+        assert re.search(rf"^{job} \S+ RUNNING$", "\n".join(hub.job_of(alice)), re.M)
+        k.ok(f"%jaxsys attach {job} --hosts 2 --devices-per-host 1", timeout=180)
+    finally:
+        k.ws.close()
+    hub.stop(alice)
+    _nothing_left(hub, alice)
