@@ -150,10 +150,27 @@ def remove_stale_profiles(base: str | os.PathLike | None = None) -> list[Path]:
     list of pathlib.Path
         The directories removed.
     """
+    return remove_dead_owners(base or tempfile.gettempdir(), contract.PROFILE_PREFIX)
+
+
+def remove_dead_owners(base: str | os.PathLike, prefix: str) -> list[Path]:
+    """Delete this user's directories ``<base>/<prefix><pid>-*`` whose owner pid is gone.
+
+    Parameters
+    ----------
+    base : path-like
+        Where the directories are.
+    prefix : str
+        Their name up to the owner's pid.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The directories removed.
+    """
     removed = []
-    root = Path(base or tempfile.gettempdir())
-    for path in root.glob(f"{contract.PROFILE_PREFIX}*-*"):
-        owner = path.name.removeprefix(contract.PROFILE_PREFIX).split("-")[0]
+    for path in Path(base).glob(f"{prefix}*-*"):
+        owner = path.name.removeprefix(prefix).split("-")[0]
         if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
             continue
         try:

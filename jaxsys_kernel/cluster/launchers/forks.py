@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ... import contract
+from ..profile import remove_dead_owners
 from ..teardown import wait_gone
 
 # Unix socket paths are limited to 107 bytes; a longer profile path gets a short directory.
@@ -58,19 +59,7 @@ def remove_stale_socket_dirs(base: str | os.PathLike | None = None) -> list[Path
     list of pathlib.Path
         The directories removed.
     """
-    removed = []
-    for path in Path(base or _socket_base()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
-        owner = path.name.removeprefix(SOCKET_DIR_PREFIX).split("-")[0]
-        if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
-            continue
-        try:
-            os.kill(int(owner), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        except PermissionError:
-            pass
-    return removed
+    return remove_dead_owners(base or _socket_base(), SOCKET_DIR_PREFIX)
 
 
 class ForkServer:
