@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 
 from .. import contract
 from ..errors import ConfigError
+from .lease import write_private
 from .records import ClusterStartError
 
 # Seconds between polls of a scheduler while a job waits to run.
@@ -298,8 +300,10 @@ def allocation_from_dict(d: dict[str, Any]) -> Allocation:
 
 # -- an allocation kept for the next kernel ---------------------------------------------------
 
-#: The file, in the state directory, that keeps one allocation and its cluster's options.
+#: The file, in the state directory, that keeps the allocation saved without a name.
 SAVED_NAME = "kernel-allocation.json"
+#: What a kept allocation may be named: a word of letters, digits, ``.``, ``_`` and ``-``.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def state_dir() -> Path:
@@ -309,32 +313,65 @@ def state_dir() -> Path:
     return Path(given) if given else Path.home() / ".jaxsys" / "clusters"
 
 
-def saved_file() -> Path:
-    """The file :func:`save_allocation` writes."""
-    return state_dir() / SAVED_NAME
+def check_name(name: str | None) -> str | None:
+    """``name`` if it can name a kept allocation (None: the unnamed one).
+
+    Raises
+    ------
+    ConfigError
+        For a name with a path separator, ``..`` or anything but letters, digits, ``.``,
+        ``_`` and ``-`` (at most 64).
+    """
+    if name is None or (_NAME.fullmatch(name) and ".." not in name):
+        return name
+    raise ConfigError(
+        f"{name!r} cannot name a kept allocation: use letters, digits, '.', '_' and '-' "
+        "(at most 64, no '..' and no '/'), e.g. --name big-run"
+    )
 
 
-def save_allocation(allocation: Allocation, options: Mapping[str, Any]) -> Path:
+def saved_file(name: str | None = None) -> Path:
+    """The file :func:`save_allocation` writes for ``name``."""
+    name = check_name(name)
+    return state_dir() / (SAVED_NAME if name is None else f"kernel-allocation-{name}.json")
+
+
+def saved_names() -> list[str | None]:
+    """The names of the kept allocations (None: the unnamed one)."""
+    names: list[str | None] = []
+    for path in sorted(state_dir().glob("kernel-allocation*.json")):
+        if path.name == SAVED_NAME:
+            names.insert(0, None)
+        else:
+            names.append(path.name[len("kernel-allocation-") : -len(".json")])
+    return names
+
+
+def save_allocation(
+    allocation: Allocation, options: Mapping[str, Any], name: str | None = None
+) -> Path:
     """Keep ``allocation`` and the options of the cluster it served (``ClusterConfig``'s
-    :meth:`to_dict`), for ``%jaxsys attach`` in a later kernel; returns the file."""
-    path = saved_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    :meth:`to_dict`), for ``%jaxsys attach`` in a later kernel; returns the file.
+
+    The file is written whole (a temporary file, then a rename) and private (0600 in a
+    0700 directory): the options hold ``--env`` values.
+    """
+    path = saved_file(name)
     saved = {"allocation": allocation.to_dict(), "options": dict(options), "saved": time.time()}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_private(path, json.dumps(saved, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def load_saved() -> tuple[Allocation, dict[str, Any]] | None:
-    """The allocation :func:`save_allocation` kept and its cluster's options, or None.
+def load_saved(name: str | None = None) -> tuple[Allocation, dict[str, Any]] | None:
+    """The allocation :func:`save_allocation` kept under ``name`` and its cluster's
+    options, or None.
 
     Raises
     ------
     ConfigError
         Naming the file, when it cannot be read or does not describe an allocation.
     """
-    path = saved_file()
+    path = saved_file(name)
     try:
         saved = json.loads(path.read_text())
         return allocation_from_dict(saved["allocation"]), dict(saved.get("options") or {})
@@ -347,6 +384,6 @@ def load_saved() -> tuple[Allocation, dict[str, Any]] | None:
         ) from None
 
 
-def forget_saved() -> None:
-    """Remove the kept allocation (it ended, or was given back)."""
-    saved_file().unlink(missing_ok=True)
+def forget_saved(name: str | None = None) -> None:
+    """Remove the kept allocation ``name`` (it ended, or was given back)."""
+    saved_file(name).unlink(missing_ok=True)

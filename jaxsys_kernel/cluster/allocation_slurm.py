@@ -22,18 +22,29 @@ from pathlib import Path
 from typing import Any
 
 from .allocation import Allocation, JobState, JobStatus, register, state_dir
+from .lease import KEPT, RUN, Lease, LeaseHeldError, process_start, ttl_s
 from .records import ClusterStartError
 from .slurm_watch import (
     COMMAND_TIMEOUT_S,
-    JOB_OWN_STEPS,
+    STEP_NAME,
     cancel_job,
     client_env,
+    kill_steps,
     outer_job_vars,
-    run_slurm,
     start_watchdog,
 )
 
-__all__ = ["SlurmAllocation", "SlurmError", "batch_script", "cancel_job", "kill_steps"]
+__all__ = [
+    "STEP_NAME",
+    "SlurmAllocation",
+    "SlurmError",
+    "batch_script",
+    "cancel_job",
+    "kill_steps",
+    "lease_file",
+]
+# The leases this process holds, one per job.
+_HELD: dict[str, Lease] = {}
 
 TOOLS = ("sbatch", "squeue", "scancel", "scontrol", "srun")
 
@@ -65,8 +76,15 @@ def expand_hostlist(nodelist: str) -> list[str]:
     return r.stdout.split()
 
 
-def batch_script(name: str, ntasks: int, options: dict[str, Any], log_file: Path) -> str:
-    """The batch script of a job that holds ``ntasks`` tasks until it is cancelled."""
+def batch_script(
+    name: str,
+    ntasks: int,
+    options: dict[str, Any],
+    log_file: Path,
+    lease_dir: Path | None = None,
+) -> str:
+    """The batch script of a job that holds ``ntasks`` tasks until it is cancelled, or,
+    with ``lease_dir``, until its lease there lapses or is given back."""
     lines = [
         "#!/bin/sh",
         f"#SBATCH --job-name={name}",
@@ -80,15 +98,45 @@ def batch_script(name: str, ntasks: int, options: dict[str, Any], log_file: Path
     lines += [
         "# Holds the allocation: engines run in it as job steps (srun --jobid).",
         "trap 'exit 0' TERM INT",
-        "while :; do sleep 3600 & wait $!; done",
+    ]
+    if lease_dir is None:
+        return "\n".join([*lines, "while :; do sleep 3600 & wait $!; done"]) + "\n"
+    # The job ends itself when its kernel is gone, also where no watchdog survives it (a
+    # Lab's job that ended): when the lease's first line (its expiry) has passed, or the
+    # lease, once seen, was given back. Unseen (no shared file system), the watchdog and
+    # the time limit end it.
+    check = max(1, min(10, int(ttl_s() / 3)))
+    lines += [
+        f"lease={shlex.quote(str(lease_dir))}/lease-$SLURM_JOB_ID",
+        "seen=0",
+        "while :; do",
+        '  if [ -r "$lease" ]; then',
+        '    seen=1; read expires < "$lease" || expires=0',
+        '    [ "$(date +%s)" -gt "${expires:-0}" ] 2>/dev/null && exit 0',
+        '  elif [ "$seen" = 1 ]; then',
+        "    exit 0",
+        "  fi",
+        f"  sleep {check} & wait $!",
+        "done",
     ]
     return "\n".join(lines) + "\n"
+
+
+def lease_dir() -> Path:
+    """Where the leases of Slurm jobs (and their watchdogs' logs) are: in the state
+    directory, which a job's nodes see where home directories are shared."""
+    return state_dir() / "slurm"
+
+
+def lease_file(job_id: str) -> Path:
+    """The lease of ``job_id``."""
+    return lease_dir() / f"lease-{job_id}"
 
 
 def watchdog_log(job_id: str) -> Path:
     """Where the watchdog of ``job_id`` writes what it did (kept only when something
     failed): in the state directory, which outlives the cluster's profile."""
-    folder = state_dir() / "slurm"
+    folder = lease_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder / f"watchdog-{job_id}.log"
 
@@ -137,14 +185,18 @@ class SlurmAllocation(Allocation):
         self.options = dict(options or {})
         self.job_id = job_id
         self.watchdog: subprocess.Popen | None = None
+        self.lease: Lease | None = None
         self.last = JobStatus(JobState.SUBMITTING)
 
     def describe_job(self) -> str:
         return f"Slurm job {self.job_id}" if self.job_id else "the Slurm job"
 
     def submit(self) -> None:
-        """``sbatch`` the job (its script in ``script_dir``) and start its watchdog."""
+        """``sbatch`` the job (its script in ``script_dir``), take its lease and start its
+        watchdog; for a job given by its id, take its lease (refused while another live
+        kernel holds it)."""
         if self.job_id is not None:
+            self.take_lease(owned=False, mode=KEPT)
             return
         if self.script_dir is None:
             raise SlurmError("a Slurm allocation needs a directory for its batch script")
@@ -152,13 +204,47 @@ class SlurmAllocation(Allocation):
         script = self.script_dir / "jaxsys-allocation.sbatch"
         log_file = self.script_dir / "log" / "slurm-%j.out"
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(batch_script(self.name, self.ntasks, self.options, log_file))
+        script.write_text(
+            batch_script(self.name, self.ntasks, self.options, log_file, lease_dir())
+        )
         # Everything the job gets is said here: an --export of the job this kernel runs in
         # (SLURM_EXPORT_ENV) or its sizes (SLURM_CPUS_PER_TASK...) are not inherited.
         r = _run(["sbatch", "--export=ALL", "--parsable", str(script)])
         self.job_id = r.stdout.strip().split(";")[0]
         self.last = JobStatus(JobState.PENDING)
-        self.watchdog = start_watchdog(self.job_id, os.getpid(), watchdog_log(self.job_id))
+        try:
+            self.take_lease(owned=True, mode=RUN)
+        except BaseException:
+            cancel_job(self.job_id)
+            raise
+
+    def take_lease(self, owned: bool, mode: str) -> None:
+        """Hold the job's lease (renewed from a thread) and see that a watchdog watches it.
+
+        Raises
+        ------
+        SlurmError
+            When another live kernel holds the lease; names it.
+        """
+        lease = _HELD.get(self.job_id) or Lease(lease_file(self.job_id), self.describe_job())
+        try:
+            state = lease.acquire(owned=owned, mode=mode)
+        except LeaseHeldError as e:
+            raise SlurmError(str(e)) from None
+        _HELD[self.job_id] = lease
+        self.lease = lease
+        if state.watchdog_pid is None:
+            self.watchdog = start_watchdog(
+                self.job_id,
+                os.getpid(),
+                watchdog_log(self.job_id),
+                lease_file=lease.path,
+                owned=state.owned,
+            )
+            lease.update(
+                watchdog_pid=self.watchdog.pid, watchdog_start=process_start(self.watchdog.pid)
+            )
+        lease.keep_renewing()
 
     def poll(self) -> JobStatus:
         """The job's state, reason and nodes: from ``squeue`` while it is queued, then
@@ -195,20 +281,26 @@ class SlurmAllocation(Allocation):
         return "\n".join(text.splitlines()[-lines:])
 
     def cancel(self) -> None:
-        """Kill every process of the job at once, then end the job."""
+        """Kill every process of the job at once, then end the job and give its lease
+        back (its watchdog, with nothing left to watch, goes)."""
         if self.job_id is None:
             return
         cancel_job(self.job_id)
-        self.keep()  # the watchdog has nothing left to watch
-
-    def keep(self) -> None:
-        """Let the job outlive this process: its watchdog, which would cancel it when this
-        process dies, goes (the job is then its owner's to cancel, or to attach to)."""
+        lease = _HELD.pop(self.job_id, None) or self.lease
+        if lease is not None:
+            lease.release()
         if self.watchdog is not None:
             with contextlib.suppress(OSError):
                 self.watchdog.kill()
             self.watchdog.wait(5)
             self.watchdog = None
+
+    def keep(self) -> None:
+        """Let the job outlive this process: its lease, still renewed while this process
+        lives, no longer ends with it but lapses a TTL after its last renewal, unless a
+        later kernel attaches (and takes it) first."""
+        if self.lease is not None:
+            self.lease.update(mode=KEPT)
 
     def step_command(self, ntasks: int) -> list[str]:
         """The ``srun`` prefix that runs one task per process inside the job.
@@ -237,33 +329,3 @@ class SlurmAllocation(Allocation):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SlurmAllocation:
         return cls(name=d.get("name", "jaxsys"), ntasks=d.get("ntasks", 1), job_id=d["job_id"])
-
-
-#: The name of every job step jaxsys launches; cleanup touches no step without it.
-STEP_NAME = "jaxsys-engines"
-
-
-def job_steps(job_id: str) -> list[str]:
-    """The ids (``J.0``, ``J.1``...) of the job's steps that jaxsys launched (those named
-    :data:`STEP_NAME`): never the batch script's, nor a step of the job's owner (their own
-    ``srun``, the JupyterLab a job runs)."""
-    r = run_slurm(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"])
-    if r is None or r.returncode != 0:
-        return []
-    steps = []
-    for line in r.stdout.splitlines():
-        step, _, name = line.strip().partition(" ")
-        if name.strip() == STEP_NAME and step.rpartition(".")[2] not in JOB_OWN_STEPS:
-            steps.append(step)
-    return steps
-
-
-def kill_steps(job_id: str) -> None:
-    """SIGKILL the processes of the steps jaxsys launched in the job; the job (its batch
-    script) and every other step stay.
-
-    Each step is named: Slurm takes SIGKILL sent to the job itself as its cancellation.
-    """
-    steps = job_steps(job_id)
-    if steps:
-        run_slurm(["scancel", "-s", "KILL", *steps])

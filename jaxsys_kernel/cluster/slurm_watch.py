@@ -22,6 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+from . import lease as leases
+from .lease import alive, process_start
+
+__all__ = ["alive", "process_start", "start_watchdog", "watch"]
+
 # Seconds any Slurm command may take (slurmctld answers in milliseconds when it is up).
 COMMAND_TIMEOUT_S = 20.0
 # How often the watchdog looks at its owner, and at the queue.
@@ -104,26 +109,38 @@ def cancel_job(job_id: str) -> bool:
     return taken
 
 
-def process_start(pid: int) -> int | None:
-    """The start time of ``pid`` (clock ticks since boot, from /proc), or None when there
-    is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+#: The name of every job step jaxsys launches; cleanup touches no step without it.
+STEP_NAME = "jaxsys-engines"
+
+
+def job_steps(job_id: str) -> list[str] | None:
+    """The ids (``J.0``, ``J.1``...) of the job's steps that jaxsys launched (those named
+    :data:`STEP_NAME`): never the batch script's, nor a step of the job's owner (their own
+    ``srun``, the JupyterLab a job runs). None without an answer from slurmctld."""
+    r = run_slurm(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"])
+    if r is None or r.returncode != 0:
         return None
+    steps = []
+    for line in r.stdout.splitlines():
+        step, _, name = line.strip().partition(" ")
+        if name.strip() == STEP_NAME and step.rpartition(".")[2] not in JOB_OWN_STEPS:
+            steps.append(step)
+    return steps
 
 
-def alive(pid: int, start: int | None) -> bool:
-    """Whether ``pid`` is still the process that started at ``start`` (and no zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+def kill_steps(job_id: str) -> bool:
+    """SIGKILL the processes of the steps jaxsys launched in the job; the job (its batch
+    script) and every other step stay. Whether slurmctld answered.
+
+    Each step is named: Slurm takes SIGKILL sent to the job itself as its cancellation.
+    """
+    steps = job_steps(job_id)
+    if steps is None:
         return False
-    if fields[0] == "Z":
-        return False
-    return start is None or int(fields[19]) == start
+    if steps:
+        r = run_slurm(["scancel", "-s", "KILL", *steps])
+        return r is not None and r.returncode == 0
+    return True
 
 
 class Backoff:
@@ -169,18 +186,19 @@ class Log:
             self.path.unlink(missing_ok=True)
 
 
-def cancel_until_taken(job_id: str, log: Log) -> int:
-    """Cancel the job, trying again with backoff while slurmctld does not answer."""
+def cancel_until_taken(job_id: str, log: Log, owned: bool = True) -> int:
+    """Cancel the job (``owned``: jaxsys submitted it), or else kill the steps jaxsys
+    launched in it, trying again with backoff while slurmctld does not answer."""
     backoff = Backoff()
     deadline = time.monotonic() + GIVE_UP_S
-    while not cancel_job(job_id):
+    while not (cancel_job(job_id) if owned else kill_steps(job_id)):
         if time.monotonic() > deadline or slurm_gone():
             log(f"gave up cancelling job {job_id}: scancel {job_id} by hand", True)
             return 1
         wait = backoff.failed()
         log(f"scancel {job_id} got no answer from slurmctld; trying again in {wait:g} s", True)
         time.sleep(wait)
-    log(f"job {job_id} cancelled: its owner is gone")
+    log(f"job {job_id} {'cancelled' if owned else 'steps of jaxsys killed'}: its owner is gone")
     return 0
 
 
@@ -191,22 +209,58 @@ def slurm_gone() -> bool:
     return bool(conf) and not os.path.exists(conf)
 
 
-def watch(job_id: str, pid: int, start: int | None, log: Log) -> int:
-    """Cancel ``job_id`` when process ``pid`` (started at ``start``) is gone; return when
-    slurmctld says the job has left the queue."""
+def _lapsed(lease_file: Path | None, pid: int, start: int | None, log: Log) -> bool | None:
+    """Whether the owner is gone: True when it is, None when its lease was given back (the
+    holder gave the job back itself), False while it holds on."""
+    if lease_file is None:
+        if alive(pid, start):
+            return False
+        log(f"process {pid} is gone")
+        return True
+    held = leases.read(lease_file)
+    if held is None:
+        log(f"the lease {lease_file} was given back")
+        return None
+    if held.lapsed():
+        log(f"the lease of {held.describe_holder()} lapsed")
+        return True
+    if held.mode == leases.RUN and held.holder_alive() is False:
+        log(f"{held.describe_holder()} is gone")
+        return True
+    return False
+
+
+def watch(
+    job_id: str,
+    pid: int,
+    start: int | None,
+    log: Log,
+    lease_file: Path | None = None,
+    owned: bool = True,
+) -> int:
+    """Give ``job_id`` back when its owner is gone: process ``pid`` (started at ``start``)
+    or, with ``lease_file``, the lease's holder (at once in "run" mode, when the lease
+    lapses in "kept" mode). Return when slurmctld says the job has left the queue."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     queue = Backoff()
     while True:
         if slurm_gone():
             log(f"{os.environ['SLURM_CONF']} is gone: job {job_id} is no longer watched", True)
             return 1
-        if not alive(pid, start):
-            log(f"process {pid} is gone")
-            return cancel_until_taken(job_id, log)
+        gone = _lapsed(lease_file, pid, start, log)
+        if gone is None:
+            return 0
+        if gone:
+            rc = cancel_until_taken(job_id, log, owned)
+            if lease_file is not None:
+                lease_file.unlink(missing_ok=True)
+            return rc
         if queue.due():
             queued = job_queued(job_id)
             if queued is False:
                 log(f"job {job_id} has left the queue")
+                if lease_file is not None:
+                    lease_file.unlink(missing_ok=True)
                 return 0
             if queued is None:
                 wait = queue.failed()
@@ -216,9 +270,18 @@ def watch(job_id: str, pid: int, start: int | None, log: Log) -> int:
         time.sleep(WATCH_PID_S)
 
 
-def start_watchdog(job_id: str, pid: int, log_file: str | os.PathLike | None = None):
-    """A process that cancels ``job_id`` once ``pid`` is gone, and leaves with the job."""
+def start_watchdog(
+    job_id: str,
+    pid: int,
+    log_file: str | os.PathLike | None = None,
+    lease_file: str | os.PathLike | None = None,
+    owned: bool = True,
+):
+    """A process that gives ``job_id`` back once ``pid`` (or the holder of ``lease_file``)
+    is gone, and leaves with the job."""
     argv = [sys.executable, "-m", __name__, "--job", job_id, "--pid", str(pid)]
+    if lease_file:
+        argv += ["--lease", os.fspath(lease_file)] + ([] if owned else ["--not-owned"])
     start = process_start(pid)
     if start is not None:
         argv += ["--pid-start", str(start)]
@@ -240,11 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, required=True)
     parser.add_argument("--pid-start", type=int, default=None)
     parser.add_argument("--log", default=None)
+    parser.add_argument("--lease", default=None)
+    parser.add_argument("--not-owned", action="store_true")
     a = parser.parse_args(argv)
     log = Log(a.log)
     log(f"watching job {a.job} for process {a.pid}")
     try:
-        rc = watch(a.job, a.pid, a.pid_start, log)
+        lease_file = Path(a.lease) if a.lease else None
+        rc = watch(a.job, a.pid, a.pid_start, log, lease_file, not a.not_owned)
     except BaseException as e:
         if not isinstance(e, SystemExit):
             log(f"the watchdog of job {a.job} failed: {e!r}; scancel {a.job} by hand", True)

@@ -11,10 +11,19 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import contract
-from ..cluster.allocation import forget_saved, load_saved, save_allocation, saved_file
-from ..cluster.allocation_slurm import SlurmAllocation
+from ..cluster.allocation import (
+    check_name,
+    forget_saved,
+    load_saved,
+    save_allocation,
+    saved_file,
+    state_dir,
+)
+from ..cluster.allocation_slurm import SlurmAllocation, lease_file
 from ..cluster.config import ClusterConfig
 from ..cluster.launchers.registry import describe, names_where
+from ..cluster.lease import refusal, ttl_s
+from ..errors import ConfigError
 
 # What session.start has always been handed, given on the line or not (None: the
 # kernelspec's value, or the declared default, decides).
@@ -67,9 +76,10 @@ def job_line(cluster) -> str | None:
     return f"allocation: {job.get('allocation', 'the hosts')}, {job['state']}"
 
 
-def keep_allocation(session) -> str:
+def keep_allocation(session, name: str | None = None) -> str:
     """Before ``%jaxsys stop --keep-allocation``: keep the cluster's job past the stop (and
-    past this kernel), saved with the cluster's options for ``%jaxsys attach``.
+    past this kernel, for its lease's TTL), saved with the cluster's options for
+    ``%jaxsys attach`` under ``name`` (None: the unnamed one).
 
     Returns
     -------
@@ -79,20 +89,35 @@ def keep_allocation(session) -> str:
     Raises
     ------
     UsageError
-        When no cluster runs, or its launcher holds nothing that outlives it.
+        When no cluster runs, its launcher holds nothing that outlives it, or ``name`` is
+        not a name.
     """
     cluster = session.require_cluster()
-    alloc = cluster.world.launcher.keep_allocation()
-    if alloc is None:
+    launcher = cluster.world.launcher
+    alloc = getattr(launcher, "allocation", None)
+    if alloc is None or getattr(alloc, "job_id", None) is None:
         able = names_where(_takes_job_id)
         raise UsageError(
             f"the {cluster.config.launcher} launcher holds nothing that outlives its engines "
             f"(only {describe(able)} runs them in a scheduler's job); use %jaxsys stop"
         )
-    path = save_allocation(alloc, _saved_options(cluster))
+    try:
+        path = save_allocation(alloc, _saved_options(cluster), name)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(
+            f"{alloc.describe_job()} cannot be kept: saving it in {state_dir()} failed "
+            f"({e.strerror or e}); it ends with the cluster. Set JAXSYS_STATE_DIR to a "
+            "directory you can write"
+        ) from None
+    # Marked kept only once saved: a job nothing could find again would never be cancelled.
+    launcher.keep_allocation()
+    again = "%jaxsys attach" + (f" --name {name}" if name else "")
     return (
-        f"jaxsys: {alloc.describe_job()} is kept (saved in {path}): %jaxsys attach starts "
-        f"engines in it again, also after a kernel restart; scancel {alloc.job_id} gives it back"
+        f"jaxsys: {alloc.describe_job()} is kept (saved in {path}): {again} starts engines "
+        f"in it again, also after a kernel restart within {ttl_s():g} s of this kernel's "
+        f"end; scancel {alloc.job_id} gives it back"
     )
 
 
@@ -120,7 +145,7 @@ def stop_note(cluster) -> str | None:
     )
 
 
-def _saved_job() -> tuple[str, dict[str, Any]]:
+def _saved_job(name: str | None) -> tuple[str, dict[str, Any]]:
     """The job a stop kept (its id) and the options of the cluster it ran, checked to be
     still there.
 
@@ -129,16 +154,16 @@ def _saved_job() -> tuple[str, dict[str, Any]]:
     UsageError
         When nothing is saved, or the saved job has ended (the file is then forgotten).
     """
-    saved = load_saved()
+    saved = load_saved(name)
     if saved is None or saved[0].job_id is None:
         raise UsageError(
-            f"no saved job to attach to ({saved_file()} holds none): give a job id "
+            f"no saved job to attach to ({saved_file(name)} holds none): give a job id "
             "(%jaxsys attach JOB), or keep a cluster's job with %jaxsys stop --keep-allocation"
         )
     alloc, options = saved
     status = alloc.poll()
     if status.state.terminal:
-        forget_saved()
+        forget_saved(name)
         raise UsageError(
             f"the saved {alloc.describe_job()} is {status.describe()}: nothing to attach to; "
             "start a new cluster (%jaxsys start --launcher slurm ...)"
@@ -156,6 +181,7 @@ def _saved_job() -> tuple[str, dict[str, Any]]:
 )
 @argument("--hosts", type=int, default=None, metavar="N", help="processes (default: 1 per task)")
 @argument("--devices-per-host", type=int, default=None, metavar="D", help="CPU devices each")
+@argument("--name", default=None, metavar="NAME", help="the kept job of that name")
 def attach(session, args: argparse.Namespace) -> None:
     """Start the cluster's engines in a Slurm job that is already running.
 
@@ -163,8 +189,14 @@ def attach(session, args: argparse.Namespace) -> None:
     ``salloc`` or ``sbatch`` made, or one that ``jaxsys cluster start --launcher slurm``
     holds). Without ``JOB``, the job that ``%jaxsys stop --keep-allocation`` kept (or the
     last one attached to), in this kernel or an earlier one, with the options of the
-    cluster that ran in it. Stopping the cluster stops the engines and leaves the job
-    running, kept for the next attach.
+    cluster that ran in it; ``--name`` picks one of several kept jobs. Stopping the
+    cluster stops the engines and leaves the job running, kept for the next attach.
+
+    One kernel at a time: the kernel holds the job's lease while it lives, and another
+    live kernel is refused, told which process holds it. A job that jaxsys submitted is
+    cancelled once its lease lapses (its kernel gone, and nobody attached within the
+    lease's TTL, ``JAXSYS_LEASE_TTL`` seconds, 45 by default); in a job of your own, only
+    the engines' steps end then.
 
     Examples
     --------
@@ -173,14 +205,19 @@ def attach(session, args: argparse.Namespace) -> None:
         %jaxsys attach 1234 --hosts 4
         %jaxsys stop --keep-allocation
         %jaxsys attach
+        %jaxsys attach --name big-run
     """
     # The launcher that starts engines in a running job: the one that takes a job's id.
     able = names_where(_takes_job_id)
     if len(able) != 1:
         raise UsageError(f"attach needs one launcher that takes a job id, not {describe(able)}")
     options: dict[str, Any] = {}
+    try:
+        name = check_name(args.name)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     if args.job_id is None:
-        job_id, options = _saved_job()
+        job_id, options = _saved_job(name)
     elif not args.job_id.isdigit():
         raise UsageError(f"JOB must be a Slurm job id (digits), not {args.job_id!r}")
     else:
@@ -189,10 +226,15 @@ def attach(session, args: argparse.Namespace) -> None:
         if status.state.terminal:
             raise UsageError(f"Slurm job {job_id} is {status.describe()}: nothing to attach to")
         options["hosts"] = max(1, len(status.hosts))
+    # One kernel at a time: refused before anything starts, naming the holder.
+    held = refusal(lease_file(job_id), f"Slurm job {job_id}")
+    if held:
+        raise UsageError(held)
     given = {"hosts": args.hosts, "devices_per_host": args.devices_per_host}
     options.update({k: v for k, v in given.items() if v is not None})
     launcher_options = {**options.get("launcher_options", {}), "job_id": job_id}
     options.update(launcher=able[0], launcher_options=launcher_options)
     session.start(**options)
-    # Kept for the next attach: the job outlives this cluster and this kernel.
-    save_allocation(SlurmAllocation(job_id=job_id, ntasks=options["hosts"]), options)
+    # Kept for the next attach: the job outlives this cluster, and this kernel by its
+    # lease's TTL.
+    save_allocation(SlurmAllocation(job_id=job_id, ntasks=options["hosts"]), options, name)

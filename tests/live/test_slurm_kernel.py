@@ -11,6 +11,7 @@ environment every kernel here inherits.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -58,12 +59,14 @@ def _nothing_left(hosts, tag: str, kernel: Kernel) -> float:
     :data:`DRAIN_S`."""
     t0 = time.monotonic()
     hosts.wait_queue_empty(DRAIN_S)
+    # The kernel's pid, while it has one (not after its shutdown).
+    kernel_pid = getattr(getattr(kernel.km.provisioner, "process", None), "pid", None)
 
     def left() -> list[str]:
         return [
             f"{p.pid} {' '.join(p.cmdline())[:150]}"
             for p in tagged_processes(tag)
-            if p.pid != kernel.pid
+            if p.pid != kernel_pid
         ] + [f"{pid} on a host" for pid in hosts.namespace_pids()]
 
     while left() and time.monotonic() - t0 < DRAIN_S:
@@ -181,3 +184,32 @@ def test_a_kept_job_is_attached_to_again_after_a_kernel_restart(hosts, tag, tmp_
         assert "%jaxsys start" in out.error["evalue"]
     finally:
         k.shutdown()
+
+
+# A short lease, so that a kept job whose kernel was killed lapses within the test.
+TTL_S = 6.0
+
+
+@pytest.mark.parametrize("watchdog", ["lives", "killed"])
+def test_a_kept_job_goes_when_its_kernels_lease_lapses(hosts, tag, tmp_path, watchdog):
+    k = Kernel(tag, extra_env={"JAXSYS_STATE_DIR": str(tmp_path), "JAXSYS_LEASE_TTL": str(TTL_S)})
+    try:
+        job_id = _start(k, hosts)
+        out = k.ok("%jaxsys stop --keep-allocation")
+        assert f"Slurm job {job_id} is kept" in out.stdout, out.stdout
+        lease = tmp_path / "slurm" / f"lease-{job_id}"
+        held = json.loads(lease.read_text().splitlines()[1])
+        assert (held["pid"], held["mode"], held["owned"]) == (k.pid, "kept", True)
+        if watchdog == "killed":
+            # As when the Lab's job the kernel ran in ends: its watchdog goes with it, and
+            # the job's own batch script must see the lease lapse.
+            os.kill(held["watchdog_pid"], signal.SIGKILL)
+        os.kill(k.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        hosts.wait_queue_empty(TTL_S + 30)
+        took = time.monotonic() - t0
+        print(f"kernel SIGKILL to no job ({watchdog} watchdog): {took:.1f} s, TTL {TTL_S:g} s")
+        assert took < TTL_S + 30
+    finally:
+        k.shutdown()
+    _nothing_left(hosts, tag, k)

@@ -4,23 +4,28 @@ it again, or says plainly why it cannot."""
 
 from __future__ import annotations
 
+import json
+import stat
+import time
 import types
 
 import pytest
 from IPython.core.error import UsageError
 
+from jaxsys_kernel.cluster import lease as leases
 from jaxsys_kernel.cluster.allocation import (
     JobState,
     JobStatus,
     load_saved,
     save_allocation,
     saved_file,
+    saved_names,
 )
-from jaxsys_kernel.cluster.allocation_slurm import SlurmAllocation
+from jaxsys_kernel.cluster.allocation_slurm import SlurmAllocation, lease_file
 from jaxsys_kernel.cluster.config import ClusterConfig
 from jaxsys_kernel.cluster.launchers import make_launcher
 from jaxsys_kernel.errors import ConfigError
-from jaxsys_kernel.magics import actions
+from jaxsys_kernel.magics import actions, actions_jobs
 
 from ..fakes import StartSession
 
@@ -103,3 +108,50 @@ def test_stop_keep_allocation_refuses_a_launcher_without_one(capsys):
     with pytest.raises(UsageError, match="the local launcher holds nothing that outlives"):
         actions.dispatch(session, "stop --keep-allocation")
     assert load_saved() is None
+
+
+def test_kept_allocations_coexist_under_names_privately(state):
+    save_allocation(SlurmAllocation(ntasks=3, job_id="12"), {"env": {"TOKEN": "s3cret"}})
+    save_allocation(SlurmAllocation(ntasks=2, job_id="13"), {"hosts": 2}, "big-run")
+    assert load_saved()[0].job_id == "12"
+    assert load_saved("big-run")[0].job_id == "13"
+    assert saved_names() == [None, "big-run"]
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for path in state.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert sorted(p.name for p in state.iterdir()) == [
+        "kernel-allocation-big-run.json",
+        "kernel-allocation.json",
+    ]  # written whole: no temporary file left
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "x..y", "", ".hidden", "a" * 65])
+def test_a_name_that_could_leave_the_state_directory_is_refused(name, monkeypatch):
+    with pytest.raises(ConfigError, match="cannot name a kept allocation"):
+        save_allocation(SlurmAllocation(ntasks=3, job_id="12"), {}, name)
+    _job_is(monkeypatch, JobState.RUNNING)
+    with pytest.raises(UsageError, match="cannot name a kept allocation"):
+        actions.dispatch(StartSession(cluster=None), f"attach --name={name}")
+
+
+def test_a_job_is_marked_kept_only_once_it_is_saved(monkeypatch, state):
+    cluster = _cluster("slurm")
+    launcher = cluster.world.launcher
+    launcher.allocation = SlurmAllocation(name="jaxsys-x", ntasks=3, job_id="12")
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text("a file where the state directory should be")
+    with pytest.raises(UsageError, match="Slurm job 12 cannot be kept: saving it in .* failed"):
+        actions_jobs.keep_allocation(StartSession(cluster))
+    assert not launcher._kept  # release() still cancels it: nothing would find it again
+
+
+def test_attach_is_refused_while_another_live_kernel_holds_the_job(monkeypatch, state):
+    _job_is(monkeypatch, JobState.RUNNING)
+    holder = leases.LeaseState(time.time() + 30, 4321, None, "nodeA", 30.0, leases.KEPT)
+    leases.write_private(
+        lease_file("12"), f"{int(holder.expires)}\n{json.dumps(holder.__dict__)}\n"
+    )
+    session = StartSession(cluster=None)
+    with pytest.raises(UsageError, match=r"Slurm job 12 is in use by process 4321 on nodeA"):
+        actions.dispatch(session, "attach 12")
+    assert session.kwargs is None
