@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from ..cluster import Cluster, ClusterConfig
 from ..cluster.audit import refusal_notice
 from ..cluster.options import kernelspec_layer
-from . import recovery
+from . import recovery, versions
 
 
 def _duration(seconds: float) -> str:
@@ -74,6 +74,8 @@ class Lifecycle:
             f"{cluster.ready_seconds:.1f} s (coordinator {cluster.coordinator_address})\n"
             f"security: {cluster.security}",
         )
+        # A process on another jax, jaxlib or numpy than the kernel's environment is named.
+        versions.warn_differences(cluster)
         return cluster
 
     def ensure_cluster(self) -> Cluster:

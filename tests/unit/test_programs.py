@@ -82,3 +82,16 @@ def test_a_parameters_cell_is_known_by_papermills_comment_and_its_names_are_read
     source = '# Parameters\nsteps = 3\nname = "x"\nlr, (a, b) = 0.1, (1, 2)\nn: int = 4\n'
     assert assigned_names(source) == ["steps", "name", "lr", "a", "b", "n"]
     assert assigned_names("# Parameters\nsteps = (") == []
+
+
+def test_version_differences_name_the_processes_and_both_versions():
+    from jaxsys_kernel.magics.versions import differences
+
+    kernel = {"jax": "0.9", "jaxlib": "0.9", "numpy": "2.0"}
+    same = {"jax": "0.9", "jaxlib": "0.9", "numpy": "2.0"}
+    assert differences(kernel, {0: same, 1: same}) == []
+    processes = {0: same, 1: {**same, "jax": "0.8"}, 2: {**same, "jax": "0.8", "numpy": None}}
+    assert differences(kernel, processes) == [
+        "p1-2 have jax 0.8, the kernel's environment has 0.9",
+        "p2 has no numpy, the kernel's environment has 2.0",
+    ]
