@@ -9,6 +9,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs, parse_procs
 from ..engine.registry import engine_module
+from . import deaths
 from .actions_args import count, rank
 
 __all__ = ["LOGS_NEEDS", "LOGS_TIMEOUT", "logs", "process_log"]
@@ -97,6 +98,10 @@ def process_log(session, process: str, tail: int, timeout: float = LOGS_TIMEOUT)
         raise UsageError(f"there is no process {r}; this cluster's processes are {processes}")
     cluster.refresh_states()
     info = cluster.processes[r]
+    if info.state == "dead" and (kept := deaths.dead_log(cluster, r, tail)) is not None:
+        # Its log stays until the cluster stops: the death is often explained there.
+        how = f" ({info.died})" if info.died else ""
+        return f"jaxsys: process {r} is dead{how}; the log it left:\n{kept}"
     if info.state != "ready" or info.engine_id is None:
         raise UsageError(
             f"process {r} is {info.state}; its log can only be read while it runs "

@@ -16,9 +16,10 @@ from IPython.core.error import UsageError
 from .. import cells
 from .._ranges import parse_procs
 from ..cells import guard, hang, timeline
+from ..cells.result import notebook_cell_number
 from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 from ..cluster import Cluster
-from . import recovery
+from . import deaths, recovery
 from .boundary import usage_boundary
 from .controls import Controls
 from .dashboard_wiring import DashboardWiring
@@ -165,4 +166,6 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             # Processes that outlived the cell (an interrupt that could not free them) would
             # run the next cell only after this one: remember them.
             self.still_running |= set(run.by_status("running"))
+        # A death in the cell's numbering and the process's own words, not the client's.
+        deaths.explain_run(self.cluster, run, notebook_cell_number())
         cells.raise_for_run(run)

@@ -37,6 +37,29 @@ def _commands(text: str) -> list[str]:
     return re.findall(r"%jaxsys restart(?: \d+)?", text)
 
 
+DIES = """%%multihost
+import os, signal
+if jax.process_index() == 1:
+    os.write(2, b"last words of p1\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_death_names_the_process_its_signal_the_cell_and_its_last_words(k):
+    k.ok(SETUP)
+    out = k.execute(DIES, timeout=60)
+    assert out.status == "error", out
+    shown = "\n".join(out.error["traceback"])
+    number = out.reply["execution_count"]
+    assert f"process 1 died while running cell [{number}]" in shown, shown
+    assert "killed by SIGKILL" in shown and "last words of p1" in shown, shown
+    assert "EngineError" not in shown and "Engine 1" not in shown, shown
+    # Its log stays readable while it is dead.
+    log = k.ok("%jaxsys logs 1").stdout
+    assert "process 1 is dead" in log and "last words of p1" in log, log
+    k.ok("%jaxsys restart 1", timeout=120)
+
+
 def test_the_kill_message_leads_to_a_working_collective(k):
     k.ok(SETUP)
     k.ok("%%multihost\ndevices = jax.devices()\n" + COLLECTIVE)  # gloo now knows this order

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,20 @@ from ..profile import engine_file
 from ..teardown import pid_alive
 from .base import EngineContext, Launcher, native_log_file, stack_file
 from .forks import ForkServer
+
+#: Seconds a death's description waits for the exit status of the engine's process (the
+#: stand-in of a forked engine ends moments after the engine).
+EXIT_WAIT = 1.0
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
 
 if TYPE_CHECKING:
     from ..records import ProcessInfo
@@ -142,10 +158,31 @@ class LocalLauncher(Launcher):
         # A forked engine dies with its fork server: name that death and what to do. An
         # engine started after the server died is a plain one: not its cause.
         why = super().death_reason(p)
+        code = self._exit_code(p.rank)
+        if code is not None:
+            why += f" ({_how_it_ended(code)})"
         failed = self.forks.failure() if self.forks is not None else None
         if failed and p.rank not in self._plain_after_forks:
             return f"{why}: {failed}"
         return why
+
+    def _exit_code(self, rank: int) -> int | None:
+        """The exit status of the process ipyparallel started for ``rank`` (a fork's stand-in
+        ends as its engine did), as its engine set records it, waiting at most
+        :data:`EXIT_WAIT` for the record; None if unknown (an engine taken from the standby
+        belongs to another set)."""
+        engine_set = self.engine_set(rank)
+        if engine_set is None:
+            return None
+        deadline = time.monotonic() + EXIT_WAIT
+        while True:
+            stopped = getattr(engine_set, "stop_data", None) or {}
+            for data in (stopped.get("engines") or {}).values():
+                if isinstance(data, dict) and isinstance(data.get("exit_code"), int):
+                    return data["exit_code"]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def dump_stacks(self, ranks, timeout, send_signal, stack_files, telemetry):
         return stacks.local_stacks({r: stack_files(r) for r in ranks}, send_signal, timeout)
