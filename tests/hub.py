@@ -41,6 +41,8 @@ START_S = 60.0
 SPAWN_S = 90.0
 # How often (s) the hub asks Slurm about each server; small so that a test sees a poll soon.
 POLL_S = 1
+# Seconds a kernel's lease on its engines' Slurm job lasts unless renewed.
+LEASE_TTL_S = 10
 
 
 def available() -> str | None:
@@ -178,6 +180,9 @@ c.JupyterHub.log_level = "DEBUG"
 c.SlurmSpawner.exec_prefix = "runuser -m -u {{username}} --"
 c.SlurmSpawner.poll_interval = {POLL_S}
 c.SlurmSpawner.state_exechost_exp = {node_address!r}
+# A lapsed lease ends an engines' job whose kernel is gone: sooner than the default 45 s.
+c.SlurmSpawner.environment = {{"SLURM_CONF": {self.slurm.env["SLURM_CONF"]!r},
+                              "JAXSYS_LEASE_TTL": "{LEASE_TTL_S}"}}
 """)
 
     def start(self) -> None:

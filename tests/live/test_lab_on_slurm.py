@@ -11,8 +11,12 @@ takes a port and nothing else, so a user's ``batch_query_cmd`` never runs.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -87,13 +91,19 @@ def _assert_sum(text: str) -> None:
     assert SUM_LINE in text, f"expected {SUM_LINE!r} from both processes:\n{text}"
 
 
-def _nothing_left(hub: LabHub, user: str) -> None:
+def _nothing_left(hub: LabHub, user: str) -> dict[str, float]:
+    """Seconds until ``user`` has no job, no process and no key directory left; each wait
+    fails after :data:`DRAIN_S`."""
+    t0, took = time.monotonic(), {}
     wait_for(lambda: not hub.job_of(user), DRAIN_S, f"{user}'s jobs gone: {hub.job_of(user)}")
+    took["jobs"] = time.monotonic() - t0
     wait_for(lambda: not user_pids(user), DRAIN_S,
              f"{user}'s processes gone: {[psutil.Process(p).cmdline() for p in user_pids(user)]}")  # fmt: skip
-    wait_for(
-        lambda: not _key_dirs(user), DRAIN_S, f"{user}'s key directories gone: {_key_dirs(user)}"
-    )
+    took["processes"] = time.monotonic() - t0
+    wait_for(lambda: not _key_dirs(user), DRAIN_S, f"key directories gone: {_key_dirs(user)}")
+    took["keys"] = time.monotonic() - t0
+    print(f"nothing of {user} left: " + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))
+    return took
 
 
 def test_the_lab_serves_and_lists_the_jaxsys_kernel_to_its_user(hub, alice, alice_token):
@@ -148,9 +158,48 @@ def test_a_cluster_in_the_lab_computes_and_the_other_user_is_refused(hub, alice,
         r = requests.get(f"{hub.url}/user/{alice}/api/kernels",
                          headers={"Authorization": f"token {bob_token}"}, timeout=30)  # fmt: skip
         assert r.status_code == 403, (r.status_code, r.text)
+        _bob_is_refused_by_the_cluster(hub, k)
         k.ok("%jaxsys stop")
     finally:
         k.close()
+
+
+# Run as the other user in a job of his own on the Lab's node: a TLS client without a
+# certificate at the coordinator (refused: closed), and each CurveZMQ port's own greeting
+# (it demands CURVE, whose keys the other user lacks).
+BOB_PROBE = """
+import json, sys
+from tests.intruders import knock, zmtp_mechanism
+out = {}
+for e in json.loads(sys.argv[1]):
+    host, port = e["address"].rsplit(":", 1)
+    mtls = e["protection"] == "mTLS"
+    out[e["address"]] = knock(e["address"], "tls-no-cert").outcome if mtls else zmtp_mechanism(host, int(port))
+print(json.dumps(out))
+"""
+AUDIT = (
+    "import json\nfrom jaxsys_kernel.cluster.audit import audit\n"
+    "print(json.dumps([e.to_dict() for e in audit(get_ipython()._jaxsys_session.cluster)]))"
+)
+
+
+def _bob_is_refused_by_the_cluster(hub: LabHub, k: LabKernel) -> None:
+    ends = [e for e in json.loads(k.ok(AUDIT)) if e["protection"] in ("mTLS", "CurveZMQ")]
+    assert any(e["protection"] == "mTLS" for e in ends), ends
+    bob = hub.users[1]
+    r = subprocess.run(
+        ["runuser", "-u", bob, "--", "env", f"SLURM_CONF={hub.slurm.env['SLURM_CONF']}",
+         f"PYTHONPATH={labhub.ROOT}", "srun", "-n1", "-c1", "--chdir=/tmp", sys.executable,
+         "-c", BOB_PROBE, json.dumps(ends)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    for e in ends:
+        expected = "closed" if e["protection"] == "mTLS" else "CURVE"
+        assert seen[e["address"]] == expected, (e, seen[e["address"]])
+    security = k.ok("%jaxsys security")
+    assert "refused connections to the JAX coordination service" in security, security
 
 
 def test_a_killed_kernel_leaves_no_process_and_no_keys(hub, alice, alice_token):
