@@ -12,6 +12,7 @@ takes a port and nothing else, so a user's ``batch_query_cmd`` never runs.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def test_the_callback_takes_a_port_only_and_runs_nothing_a_user_sends(hub, alice
     url = f"{hub.url}/hub/api/batchspawner"
     h = {"Authorization": f"token {token}"}
     polls = hub.hub_log().count("Spawner querying job")
-    evil = {"batch_query_cmd": f"touch {marker}; squeue -h -j {{job_id}} -o '%T %B'"}
+    evil = {"batch_query_cmd": f"true; touch {marker}; squeue -h -j {{job_id}} -o '%T %B'"}
     r = requests.post(url, json=evil, headers=h, timeout=30)
     assert r.status_code == 400 and "batch_query_cmd" in r.text, (r.status_code, r.text)
     r = requests.post(url, json={"port": 1, "exec_prefix": "true;"}, headers=h, timeout=30)
@@ -258,3 +259,18 @@ def test_attach_to_the_labs_own_job_then_stop_leaves_the_lab_alive(hub, alice, a
         k.ws.close()
     hub.stop(alice)
     _nothing_left(hub, alice)
+
+
+def test_without_the_shipped_callback_a_users_command_runs_as_the_hub():
+    """The hole the shipped callback closes, shown on batchspawner's own handler: the
+    command only creates a file in the test's own folder."""
+    with LabHub(safe_callback=False) as unsafe:
+        alice = unsafe.users[0]
+        unsafe.spawn(alice)
+        marker = unsafe.dir / "escalated"
+        evil = {"batch_query_cmd": f"true; id -u > {marker}; squeue -h -j {{job_id}} -o '%T %B'"}
+        r = requests.post(f"{unsafe.url}/hub/api/batchspawner", json=evil, timeout=30,
+                          headers={"Authorization": f"token {unsafe.server_token(alice)}"})  # fmt: skip
+        assert r.status_code == 200, (r.status_code, r.text)
+        wait_for(lambda: marker.exists() and marker.read_text().strip(), 30, "the user's command run")
+        assert marker.read_text().strip() == str(os.getuid())
