@@ -56,7 +56,7 @@ def test_a_slurm_cluster_has_no_allocation_before_its_job_is_submitted():
     assert _line(hosts=2, launcher="slurm") is None
 
 
-@pytest.mark.parametrize("name", [n for n in launcher_names() if n != "slurm"])
+@pytest.mark.parametrize("name", [n for n in launcher_names() if n not in ("slurm", "kubernetes")])
 def test_every_launcher_without_a_scheduler_holds_its_hosts_from_the_start(name):
     hosts = ["node1", "node2"] if name == "ssh" else 2
     launcher = make_launcher(ClusterConfig(hosts=hosts, launcher=name))

@@ -59,7 +59,7 @@ from ..fakes import FakeHub, FakeIppCluster, FakePKI
         ({"hosts": 2, "addresses": ["10.0.0.1"]}, "addresses has 1 entries for 2 processes"),
         (
             {"launcher_options": {"ssh_args": []}},
-            "launcher_options apply to the ssh, mpi and slurm launchers",
+            "launcher_options apply to the ssh, mpi, slurm and kubernetes launchers",
         ),
         (
             {"hosts": ["a"], "launcher": "ssh", "launcher_options": {"ssh_arg": []}},

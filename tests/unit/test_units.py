@@ -213,5 +213,5 @@ def test_launcher_options_must_exist():
     Cluster(hosts=["a", "b"], launcher="ssh", launcher_options={"ssh_args": ["-p", "2222"]})
     with pytest.raises(ValueError, match="ssh_arg is not a setting of ipyparallel's SSH.*ssh_args"):
         Cluster(hosts=["a", "b"], launcher="ssh", launcher_options={"ssh_arg": ["-p", "2222"]})
-    with pytest.raises(ValueError, match="apply to the ssh, mpi and slurm launchers"):
+    with pytest.raises(ValueError, match="apply to the ssh, mpi, slurm and kubernetes launchers"):
         Cluster(hosts=2, launcher_options={"ssh_args": []})
