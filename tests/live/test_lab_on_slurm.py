@@ -272,5 +272,7 @@ def test_without_the_shipped_callback_a_users_command_runs_as_the_hub():
         r = requests.post(f"{unsafe.url}/hub/api/batchspawner", json=evil, timeout=30,
                           headers={"Authorization": f"token {unsafe.server_token(alice)}"})  # fmt: skip
         assert r.status_code == 200, (r.status_code, r.text)
-        wait_for(lambda: marker.exists() and marker.read_text().strip(), 30, "the user's command run")
+        wait_for(
+            lambda: marker.exists() and marker.read_text().strip(), 30, "the user's command run"
+        )
         assert marker.read_text().strip() == str(os.getuid())
