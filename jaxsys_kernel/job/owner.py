@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cluster.slurm_watch import client_env
+
 # Seconds the command has to end the job's processes after SIGTERM, before SIGKILL.
 END_WAIT_S = 10.0
 # Seconds the command that cancels a scheduler's job may take.
@@ -57,7 +59,11 @@ def run_owned(
     caught: list[int] = []
     previous = _catch(caught)
     try:
-        proc = subprocess.Popen(command, cwd=cwd, start_new_session=True)
+        # Without the variables of a Slurm job this may run inside (a Lab's): sbatch and
+        # srun would read them as options (SLURM_EXPORT_ENV=NONE drops every variable the
+        # processes need), and the job's processes would see the outer job's sizes.
+        env = client_env()
+        proc = subprocess.Popen(command, cwd=cwd, start_new_session=True, env=env)
         deadline = time.monotonic() + timeout
         while proc.poll() is None and not caught and time.monotonic() < deadline:
             time.sleep(POLL_S)

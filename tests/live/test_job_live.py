@@ -262,3 +262,17 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_jobs_command_runs_without_a_surrounding_slurm_jobs_variables(tmp_path, monkeypatch):
+    # Inside a Lab's Slurm job (batchspawner, Open OnDemand), SLURM_EXPORT_ENV=NONE would
+    # make sbatch/srun drop every variable the processes need.
+    monkeypatch.setenv("SLURM_EXPORT_ENV", "NONE")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    monkeypatch.setenv("JAXSYS_TEST_KEPT", "yes")
+    code = "import json, os; json.dump(dict(os.environ), open('env.json', 'w'))"
+    ended = owner.run_owned([sys.executable, "-c", code], tmp_path, 30.0)
+    assert ended.code == 0
+    seen = json.loads((tmp_path / "env.json").read_text())
+    assert "SLURM_EXPORT_ENV" not in seen and "SLURM_CPUS_PER_TASK" not in seen
+    assert seen["JAXSYS_TEST_KEPT"] == "yes"

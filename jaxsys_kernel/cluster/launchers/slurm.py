@@ -70,7 +70,9 @@ class SlurmLauncher(Launcher):
             f"srun --kill-on-bad-exit=1 --output={out_dir}/p%t.out "
             f"{shlex.quote(sys.executable)} {shlex.quote(str(program))}\n"
         )
-        return {"job.sbatch": script}, ["sbatch", "--wait", "--quiet", "job.sbatch"]
+        # --export=ALL: the job gets the environment it is submitted from, whatever
+        # SLURM_EXPORT_ENV a surrounding job (a Lab's) left there.
+        return {"job.sbatch": script}, ["sbatch", "--export=ALL", "--wait", "--quiet", "job.sbatch"]
 
     def _controller_kwargs(self) -> dict[str, Any]:
         # Deferred: srun.py imports ipyparallel's launchers, which only a starting Slurm
