@@ -66,7 +66,12 @@ class ProcessControl:
                 p.mark_dead(f"the hub dropped its engine {p.engine_id} (missed heartbeats)")
 
     def kill_process(self, rank: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> float:
-        """Send a signal to one process and, for fatal signals, wait until it is gone.
+        """Send a signal to one process and, for SIGKILL, wait until it is gone.
+
+        SIGINT and SIGTERM are sent and nothing more: SIGTERM is a preemption notice
+        that JAX's notifier receives (see ``multihost_utils.reached_preemption_sync_point``),
+        and the program decides whether and when its processes end; one that exits is
+        found dead as any other.
 
         Parameters
         ----------
@@ -75,12 +80,13 @@ class ProcessControl:
         sig : int
             SIGKILL (default), SIGTERM or SIGINT.
         timeout : float
-            Seconds to wait for the process to exit.
+            Seconds to wait for the process to exit after SIGKILL.
 
         Returns
         -------
         float
-            Seconds until the process was gone (or until the signal was sent, for SIGINT).
+            Seconds until the process was gone (until the signal was sent, for SIGINT
+            and SIGTERM).
         """
         self._require_ready()
         self._check_rank(rank)
@@ -91,7 +97,7 @@ class ProcessControl:
                 f"process {rank} is already dead" + (f": {p.died}" if p.died else "")
             )
         self.interrupt([rank], sig=sig)
-        if sig == signal.SIGINT:
+        if sig in (signal.SIGINT, signal.SIGTERM):
             return time.perf_counter() - t0
         if self._launcher.engine_pids_here and p.pid:
             deadline = time.monotonic() + timeout
@@ -100,8 +106,7 @@ class ProcessControl:
             if pid_alive(p.pid):
                 raise ClusterError(
                     f"process {rank} (pid {p.pid}, {_described(p.pid)}) is still alive "
-                    f"{timeout:g} s after {signal.Signals(sig).name}; JAX processes ignore "
-                    "SIGTERM: use SIGKILL"
+                    f"{timeout:g} s after {signal.Signals(sig).name}"
                 )
         p.mark_dead(f"killed with {signal.Signals(sig).name}")
         return time.perf_counter() - t0

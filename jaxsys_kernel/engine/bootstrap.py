@@ -12,7 +12,7 @@ import threading
 import time
 
 from .. import _compat, contract
-from . import ports
+from . import ports, preemption
 from .state import STATE
 
 # Launchers put the rank in different variables (see contract.RANK_VARIABLES).
@@ -277,6 +277,9 @@ def start_early_init() -> None:
     """
     if STATE.boot.early is not None:
         return
+    # JAX's handler is installed in the thread below while the engine registers, and the
+    # engine would install its own when done: SIGTERM must stay a preemption notice.
+    preemption.leave_sigterm_to_jax()
     early = STATE.boot.early = _EarlyInit()
     try:
         env = contract.EngineEnv.from_env()

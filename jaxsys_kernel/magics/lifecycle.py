@@ -129,6 +129,13 @@ class Lifecycle:
         cluster = self.require_cluster()
         if signal_name == "INT":
             return f"jaxsys: sent SIGINT to process {rank}"
+        if signal_name == "TERM":
+            return (
+                f"jaxsys: sent SIGTERM to process {rank}: a preemption notice. The program's "
+                "own preemption handling decides what follows (JAX's preemption sync point, "
+                "which Orbax also honours, has every process save the same step); if the "
+                "process exits, %jaxsys status shows it dead once it has."
+            )
         head = f"jaxsys: process {rank} killed with SIG{signal_name}; gone after {took:.2f} s."
         return f"{head} {recovery.kill_guidance(cluster, rank)}"
 
