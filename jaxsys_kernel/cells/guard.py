@@ -80,15 +80,26 @@ class Ledger:
         """Every process starts afresh (after a world restart)."""
         self.cells = {}
 
-    def record(self, ranks: Sequence[int], all_ranks: Collection[int], code: str) -> str | None:
+    def record(
+        self,
+        ranks: Sequence[int],
+        all_ranks: Collection[int],
+        code: str,
+        label: str | None = None,
+    ) -> str | None:
         """Record a cell about to run on ``ranks``.
+
+        Parameters
+        ----------
+        label : str, optional
+            The cell as the user sees it (``[10] x = f(y)``); a hash of its code without one.
 
         Returns
         -------
         str or None
             The warning to show when those processes have not run the same cells before it.
         """
-        tag = hashlib.sha256(code.encode()).hexdigest()[:8]
+        tag = label or "cell " + hashlib.sha256(code.encode()).hexdigest()[:8]
         histories = {r: tuple(self.cells.get(r, ())) for r in ranks}
         warning = None
         if len(set(histories.values())) > 1:
@@ -97,14 +108,14 @@ class Ledger:
                 groups.setdefault(h, []).append(r)
             parts = [
                 f"{format_procs(rs)} ran {len(h)} cell(s) since the last cell on all of them"
-                + (f" ({', '.join(h[-3:])})" if h else "")
+                + (f" ({'; '.join(h[-3:])})" if h else "")
                 for h, rs in groups.items()
             ]
             warning = (
-                "jaxsys: these processes are out of step: "
+                "Warning: these processes are out of step: "
                 + "; ".join(parts)
-                + f". If one of those cells left a collective half-done, cell {tag} will hang "
-                "(the hang doctor will say where)."
+                + f". If one of those cells left a collective half-done, this one ({tag}) will "
+                "hang (the hang doctor will say where)."
             )
         if set(ranks) == set(all_ranks):
             self.cells = {}
@@ -112,3 +123,13 @@ class Ledger:
             for r in ranks:
                 self.cells.setdefault(r, []).append(tag)
         return warning
+
+
+def cell_label(number: int | None, code: str, width: int = 40) -> str | None:
+    """A cell as the notebook shows it: ``[10]`` and its first line of code, shortened."""
+    if number is None:
+        return None
+    first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+    if len(first) > width:
+        first = first[: width - 3] + "..."
+    return f"[{number}] {first}".rstrip()

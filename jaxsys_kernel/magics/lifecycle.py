@@ -117,6 +117,7 @@ class Lifecycle:
         self.broken = None
         self.still_running = set()
         self.ledger.reset()
+        self.partial_names.reset()
         return took
 
     def kill_process(self, rank: int, signal_name: str = "KILL") -> float:

@@ -19,7 +19,7 @@ from ..cells import guard, hang, timeline
 from ..cells.result import notebook_cell_number
 from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 from ..cluster import Cluster
-from . import deaths, recovery
+from . import deaths, hints, recovery
 from .boundary import usage_boundary
 from .controls import Controls
 from .dashboard_wiring import DashboardWiring
@@ -61,6 +61,8 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         # Per process, the cells it was asked to run since the last cell that ran
         # everywhere: the same-program guard compares them.
         self.ledger = guard.Ledger()
+        # Names defined by cells run on some processes only, for NameError's hint.
+        self.partial_names = hints.PartialNames()
         self.last_summaries: dict[str, dict] = {}
         # Dispatches reported in earlier cells (the divergence check leaves them out).
         self.dispatches_seen: set = set()
@@ -113,11 +115,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         grace = self.default_grace if grace is None else grace
         on_hang = on_hang or self.default_on_hang
         guard.check_options(timeout, grace, on_hang)
-        guard.check_processes(cluster, ranks, self.still_running)
-        if self.broken and not force:
-            raise UsageError(hang.world_broken_message(self.broken))
-        if warning := self.ledger.record(ranks, cluster.ranks, code):
-            print(warning, file=sys.stderr)
+        number = self._admit(cluster, ranks, code, force)
         policy = hang.HangPolicy(
             on_hang, cluster.dump_stacks, timeout=timeout, grace=grace, code=code
         )
@@ -137,6 +135,7 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
                 on_hang=policy,
                 hooks=hooks,
                 known=self.dispatches_seen,
+                label=f"<cell [{number}]>" if number is not None else "<cell>",
             )
         finally:
             self.broken = policy.broken or self.broken
@@ -145,6 +144,19 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             timeline.after_cell(cluster, ranks, profile)
         self._after_run(run)
         return cells.cell_result(run, sink)
+
+    def _admit(self, cluster, ranks: list[int], code: str, force: bool) -> int | None:
+        """Refuse a cell its processes cannot run, warn if they are out of step, remember
+        what it defines where; returns the cell's number in the notebook."""
+        guard.check_processes(cluster, ranks, self.still_running)
+        if self.broken and not force:
+            raise UsageError(hang.world_broken_message(self.broken))
+        number = notebook_cell_number()
+        label = guard.cell_label(number, code)
+        if warning := self.ledger.record(ranks, cluster.ranks, code, label):
+            print(warning, file=sys.stderr)
+        self.partial_names.record(ranks, cluster.ranks, code, label)
+        return number
 
     def _hooks(self, thread_guard: bool | None, check: bool | None, profile) -> dict:
         """The engine-side hooks a cell runs under: the session's defaults unless the
@@ -168,4 +180,5 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             self.still_running |= set(run.by_status("running"))
         # A death in the cell's numbering and the process's own words, not the client's.
         deaths.explain_run(self.cluster, run, notebook_cell_number())
+        self.partial_names.explain_run(run)
         cells.raise_for_run(run)

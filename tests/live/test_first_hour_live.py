@@ -108,3 +108,23 @@ def test_process_zero_killed_says_up_front_only_a_world_restart_helps(k):
     k.ok(SETUP)
     out = k.ok("%%multihost\ndevices = jax.devices()\n" + COLLECTIVE, timeout=60)
     assert out.stdout == "[p0-1] sum 2.0\n", out.stdout + out.stderr
+
+
+def test_cells_are_named_as_the_notebook_shows_them(k):
+    first = k.ok("%%multihost --procs 0\nonly_here = 1")
+    n = first.reply["execution_count"]
+    out = k.execute("%%multihost\nprint(only_here)")
+    m = out.reply["execution_count"]
+    # The out-of-step warning: a warning, naming both cells by number and first line.
+    assert out.stderr.startswith("Warning: these processes are out of step"), out.stderr
+    assert f"([{n}] only_here = 1)" in out.stderr, out.stderr
+    assert f"this one ([{m}] print(only_here)) will hang" in out.stderr, out.stderr
+    # p1 lacks the name; the error says why.
+    assert out.status == "error", out
+    shown = "\n".join(out.error["traceback"])
+    assert f"only_here was defined only on p0, by cell [{n}] only_here = 1" in shown, shown
+    # Warnings collated from the processes name the cell by its number.
+    warned = k.ok("%%multihost\nimport warnings\nwarnings.warn('careful')")
+    assert f"<cell [{warned.reply['execution_count']}]>:2: UserWarning: careful" in warned.stderr, (
+        warned.stderr
+    )

@@ -94,7 +94,7 @@ def test_on_hang_restart_restarts_the_world(k):
 def test_same_program_guard_names_processes_out_of_step(k):
     k.ok("%%multihost --procs 0\nx_only_here = 1")
     out = k.ok("%%multihost\nprint('together')")
-    assert "jaxsys: these processes are out of step: p0 ran 1 cell(s)" in out.stderr
+    assert "Warning: these processes are out of step: p0 ran 1 cell(s)" in out.stderr
     assert "p1 ran 0 cell(s)" in out.stderr
     # After a cell on every process they are in step again.
     assert "out of step" not in k.ok("%%multihost\nprint('again')").stderr

@@ -780,7 +780,7 @@ def test_same_program_guard():
     ledger = Ledger()
     assert ledger.record([0], [0, 1], "x = 1") is None
     warning = ledger.record([0, 1], [0, 1], "print('together')")
-    assert warning.startswith("jaxsys: these processes are out of step: p0 ran 1 cell(s)")
+    assert warning.startswith("Warning: these processes are out of step: p0 ran 1 cell(s)")
     assert "p1 ran 0 cell(s)" in warning and "(the hang doctor will say where)." in warning
     assert ledger.record([0, 1], [0, 1], "print('again')") is None
 

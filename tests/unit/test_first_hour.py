@@ -54,3 +54,35 @@ def test_a_rejoined_process_is_told_what_it_lacks_bounded():
 def test_kill_guidance_for_process_zero_says_it_cannot_come_back():
     said = recovery.kill_guidance(object(), 0)
     assert "cannot come back alone" in said and recovery.WORLD_LOST in said
+
+
+def test_a_cell_is_labelled_by_its_number_and_first_line():
+    from jaxsys_kernel.cells.guard import Ledger, cell_label
+
+    assert cell_label(10, "\n  x = f(y)  \nz = 2") == "[10] x = f(y)"
+    assert cell_label(3, "y = " + "1" * 80) == "[3] y = " + "1" * 33 + "..."
+    ledger = Ledger()
+    ledger.record([0], [0, 1], "x = 1", "[4] x = 1")
+    warning = ledger.record([0, 1], [0, 1], "print(x)", "[5] print(x)")
+    assert warning.startswith("Warning: these processes are out of step: p0 ran 1 cell(s)")
+    assert "([4] x = 1)" in warning and "this one ([5] print(x)) will hang" in warning
+
+
+def test_a_name_defined_on_some_processes_only_is_explained_where_it_is_missing():
+    from jaxsys_kernel.magics.hints import PartialNames, defined_names
+
+    assert defined_names("import a.b as c, d.e\nx, (y, z) = 1, (2, 3)\ndef f(): w = 1") == {
+        "c",
+        "d",
+        "x",
+        "y",
+        "z",
+        "f",
+    }
+    names = PartialNames()
+    names.record([0], [0, 1], "params = 1", "[7] params = 1")
+    said = names.hint(1, "name 'params' is not defined")
+    assert said.startswith("params was defined only on p0, by cell [7] params = 1")
+    assert names.hint(0, "name 'params' is not defined") is None
+    names.record([0, 1], [0, 1], "params = 2", "[8] params = 2")
+    assert names.hint(1, "name 'params' is not defined") is None
