@@ -39,8 +39,9 @@ SCHEMA_VERSION = 2
 #: Versions a kernel still serves: a version 1 front end gets the whole state every time.
 SERVED_VERSIONS = (1, SCHEMA_VERSION)
 
-#: What the kernel sends: the whole state, what changed in it, the answer to a command.
-KERNEL_MESSAGES = ("state", "delta", "reply")
+#: What the kernel sends: the whole state, what changed in it, the answer to a command,
+#: and a command another surface (``%jaxsys``, the dashboard) carried out.
+KERNEL_MESSAGES = ("state", "delta", "reply", "event")
 #: What a front end sends: a command, a request for the whole state, a group to open.
 FRONT_END_MESSAGES = ("command", "refresh", "group")
 #: A ``delta`` message's ``rows`` (:class:`jaxsys_kernel.telemetry.aggregate.RowFeed`):
@@ -117,6 +118,7 @@ INTERFACES = {
     "IDeltaMessage": ("type", "v", "state", "rows", "summary"),
     "IGroupRequest": ("type", "group"),
     "IReply": ("type", "id", "action", "ok", "message", "log"),
+    "IEvent": ("type", "surface", "action", "rank", "ok", "message", "log"),
     "ICommand": ("type", "action", "rank", "id"),
 }
 

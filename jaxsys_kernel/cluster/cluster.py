@@ -353,6 +353,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         engines take over)."""
         world = self.world
         world.incarnation += 1
+        # A new world: its processes have not been restarted alone yet (the views' ↻N).
+        world.rank_restarts.clear()
         # Local engines learn the coordinator at launch and join while they register;
         # remote ones learn it afterwards, from rank 0's host.
         world.early_coordinator = self._launcher.early_coordinator()

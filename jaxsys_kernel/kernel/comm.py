@@ -17,7 +17,9 @@ front end -> kernel
 kernel -> front end
     ``{"type": "state", "v": 1, "state": STATE}`` (see :func:`cluster_state`) and
     ``{"type": "reply", "id": str, "action": ACTION, "ok": bool, "message": str,
-    "log": [str]}`` once a command is done.
+    "log": [str]}`` once a command is done, and ``{"type": "event", "surface": str,
+    "action": str, "rank": int | null, "ok": bool, "message": str, "log": [str]}`` when
+    another surface (``%jaxsys``, the dashboard) carried one out.
 
 Commands are served on the kernel's control subshell, like the dashboard's buttons, so
 they work while a cell blocks the shell.
@@ -52,6 +54,8 @@ RANK_ACTIONS = commands.needing_process()
 MAX_RATE = 4.0
 #: Comms kept open at once: a reloaded page opens a new one and never closes the old.
 MAX_COMMS = 8
+#: Log lines an event from another surface carries at most (a stack dump's are many).
+MAX_EVENT_LOG = 200
 #: Seconds ``stop-cluster`` waits for an interrupted cell to end before stopping anyway.
 STOP_WAIT = commands.STOP_WAIT
 
@@ -246,6 +250,7 @@ class ClusterComms:
         events = kernel.shell.events
         events.register("pre_run_cell", self._pre_run_cell)
         events.register("post_run_cell", self._post_run_cell)
+        commands.LISTENERS.append(self._on_command)
 
     @property
     def cell_running(self) -> bool:
@@ -348,6 +353,24 @@ class ClusterComms:
         """Carry out one action through the command registry; its result is the reply."""
         return commands.run(self.session, action, rank, surface="comm", cell_done=self._cell_done)
 
+    def _on_command(self, surface: str, action: str, rank: int | None, result) -> None:
+        """Tell the front ends what another surface did (``%jaxsys``, the dashboard): the
+        sidebar's log shows every action. The comm's own commands get their reply instead."""
+        if surface == "comm":
+            return
+        self._send(
+            {
+                "type": "event",
+                "surface": surface,
+                "action": action,
+                "rank": rank,
+                "ok": result.ok,
+                "message": result.message,
+                "log": list(result.log)[-MAX_EVENT_LOG:],
+            }
+        )
+        self.push()
+
     # -- state ----------------------------------------------------------------------------
 
     def push(self, full: bool = False) -> None:
@@ -425,5 +448,7 @@ class ClusterComms:
                 comm.send(data)
 
     def close(self) -> None:
-        """Stop following telemetry (the kernel is shutting down)."""
+        """Stop following telemetry and commands (the kernel is shutting down)."""
         self._subscribe(None)
+        with contextlib.suppress(ValueError):
+            commands.LISTENERS.remove(self._on_command)

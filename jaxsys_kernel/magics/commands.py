@@ -36,6 +36,10 @@ SURFACES = ("jaxsys", "sidebar", "dashboard", "comm")
 #: Seconds ``stop-cluster`` waits for an interrupted cell to end before stopping anyway.
 STOP_WAIT = 30.0
 
+#: Told of every command carried out, on any surface: ``listener(surface, name, rank,
+#: result)``. The comm tells the sidebar what the other surfaces did (its log shows all).
+LISTENERS: list[Callable[[str, str, int | None, Any], None]] = []
+
 
 @dataclass(frozen=True)
 class Result:
@@ -256,7 +260,22 @@ def call(session, name: str, rank: int | None = None, *, surface: str = "jaxsys"
         ``options`` (handed to the handler), ``progress`` and ``cell_done`` (see :class:`Call`).
     """
     command, rank = resolve(name, rank, surface)
-    return command.handler(Call(session, rank, **kw))
+    try:
+        result = command.handler(Call(session, rank, **kw))
+    except Exception as e:
+        _tell(surface, command.name, rank, Result(False, "failed", str(e)))
+        raise
+    return _tell(surface, command.name, rank, result)
+
+
+def _tell(surface: str, name: str, rank: int | None, result: Result) -> Result:
+    """Tell :data:`LISTENERS` what a command did; a listener's failure is not the command's."""
+    for listener in list(LISTENERS):
+        try:
+            listener(surface, name, rank, result)
+        except Exception:  # noqa: BLE001, S110 - a broken view must not fail the command
+            pass
+    return result
 
 
 def run(session, name: str, rank: int | None = None, *, surface: str, **kw) -> Result:
@@ -270,10 +289,12 @@ def run(session, name: str, rank: int | None = None, *, surface: str, **kw) -> R
         return Result(False, e.code, str(e))
     cluster = getattr(session, "cluster", None)
     if command.needs_cluster and (cluster is None or cluster.state != "ready"):
-        return Result(False, "no-cluster", "no cluster is running")
+        refused = Result(False, "no-cluster", "no cluster is running")
+        return _tell(surface, command.name, rank, refused)
     try:
-        return command.handler(Call(session, rank, **kw))
+        result = command.handler(Call(session, rank, **kw))
     except UsageError as e:
-        return Result(False, "usage", str(e))
+        result = Result(False, "usage", str(e))
     except Exception as e:  # noqa: BLE001 - a button reports its failure, it never raises
-        return Result(False, "failed", f"{command.name} failed: {e}")
+        result = Result(False, "failed", f"{command.name} failed: {e}")
+    return _tell(surface, command.name, rank, result)

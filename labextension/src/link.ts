@@ -9,6 +9,7 @@ import {
   COMM_TARGET,
   ICommand,
   IDeltaMessage,
+  IEvent,
   IGroupRequest,
   IReply,
   IState,
@@ -66,6 +67,11 @@ export class KernelLink implements IDisposable {
   /** Emitted with every reply to a command. */
   get replied(): ISignal<this, IReply> {
     return this._replied;
+  }
+
+  /** Emitted when another surface (`%jaxsys`, the dashboard) carried out a command. */
+  get told(): ISignal<this, IEvent> {
+    return this._told;
   }
 
   get isDisposed(): boolean {
@@ -197,6 +203,8 @@ export class KernelLink implements IDisposable {
       this._state = next;
       this._version = (data as IDeltaMessage).rows.v;
       this._changed.emit();
+    } else if (data?.type === 'event') {
+      this._told.emit(data as IEvent);
     } else if (data?.type === 'reply') {
       const reply = data as IReply;
       const pending = this._pending.get(reply.id);
@@ -233,4 +241,5 @@ export class KernelLink implements IDisposable {
   private _pending = new Map<string, PromiseDelegate<IReply>>();
   private _changed = new Signal<this, void>(this);
   private _replied = new Signal<this, IReply>(this);
+  private _told = new Signal<this, IEvent>(this);
 }

@@ -4,7 +4,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { stateCounts } from './delta';
 import { KernelLink } from './link';
-import { Action, IHealth, IProcess, IReply, IState } from './protocol';
+import { Action, IEvent, IHealth, IProcess, IReply, IState } from './protocol';
 
 /**
  * The jaxsys kernel of the current notebook, for the status item, sidebar and commands.
@@ -51,6 +51,11 @@ export class JaxsysModel {
   /** Emitted with every reply of the current kernel. */
   get replied(): ISignal<this, IReply> {
     return this._replied;
+  }
+
+  /** Emitted with every command another surface of the current kernel carried out. */
+  get told(): ISignal<this, IEvent> {
+    return this._told;
   }
 
   /** Send a command to the current kernel. */
@@ -103,11 +108,13 @@ export class JaxsysModel {
     if (this._link) {
       this._link.changed.disconnect(this._onLinkChanged, this);
       this._link.replied.disconnect(this._onReply, this);
+      this._link.told.disconnect(this._onTold, this);
     }
     this._link = link;
     if (link) {
       link.changed.connect(this._onLinkChanged, this);
       link.replied.connect(this._onReply, this);
+      link.told.connect(this._onTold, this);
     }
     this._onLinkChanged();
   }
@@ -125,6 +132,10 @@ export class JaxsysModel {
     this._replied.emit(reply);
   }
 
+  private _onTold(_: KernelLink, event: IEvent): void {
+    this._told.emit(event);
+  }
+
   private _panel: NotebookPanel | null = null;
   private _link: KernelLink | null = null;
   private _wasActive = false;
@@ -132,6 +143,7 @@ export class JaxsysModel {
   private _changed = new Signal<this, void>(this);
   private _activeChanged = new Signal<this, void>(this);
   private _replied = new Signal<this, IReply>(this);
+  private _told = new Signal<this, IEvent>(this);
 }
 
 /** A short human form of a duration in seconds. */

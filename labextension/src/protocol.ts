@@ -15,7 +15,7 @@ export const COMM_TARGET = 'jaxsys';
 export const SCHEMA_VERSION = 2;
 
 /** What the kernel sends. */
-export type KernelMessage = 'state' | 'delta' | 'reply';
+export type KernelMessage = 'state' | 'delta' | 'reply' | 'event';
 
 /** What the front end sends. */
 export type FrontEndMessage = 'command' | 'refresh' | 'group';
@@ -190,6 +190,23 @@ export interface IReply {
   type: 'reply';
   id: string;
   action: Action;
+  ok: boolean;
+  message: string;
+  log: string[];
+}
+
+/**
+ * A command another surface carried out (`%jaxsys` in a cell, the dashboard's buttons), so
+ * that the sidebar's log shows every action; the sidebar's own commands get an
+ * {@link IReply} instead.
+ */
+export interface IEvent {
+  type: 'event';
+  /** `jaxsys` (the magic) or `dashboard`. */
+  surface: string;
+  /** The registry's name of the command (a newer kernel's may be none of {@link Action}). */
+  action: string;
+  rank: number | null;
   ok: boolean;
   message: string;
   log: string[];

@@ -4,7 +4,7 @@ import { Widget } from '@lumino/widgets';
 
 import { GroupTable } from './groups';
 import { formatRate, formatSeconds, healthOf, JaxsysModel, launchText } from './model';
-import { Action, ICluster, IProcess, IReply } from './protocol';
+import { Action, ICluster, IEvent, IProcess, IReply } from './protocol';
 
 const ICON_SVG =
   '<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 24">' +
@@ -18,11 +18,50 @@ export const jaxsysIcon = new LabIcon({ name: 'jaxsys:icon', svgstr: ICON_SVG })
 /** Newest log lines the sidebar keeps. */
 const MAX_LOG = 200;
 
-/** What the sidebar said for one kernel: its last answer and its log. */
+/** The world as last drawn: whether a cluster runs, its state and incarnation, the dead. */
+interface IWorld {
+  cluster: boolean;
+  state: string;
+  incarnation: number | null;
+  dead: Set<number>;
+}
+
+/** What the sidebar said for one kernel: its last answer, its log, the world it saw. */
 interface ITranscript {
   message: string;
   error: boolean;
   lines: string[];
+  world?: IWorld;
+}
+
+/** What changed in the world between two states, in the log's words. */
+function worldChanges(before: IWorld, now: IWorld, nprocs: number): string[] {
+  const lines: string[] = [];
+  if (!before.cluster && now.cluster) {
+    lines.push(`cluster ${now.state === 'ready' ? 'ready' : 'starting'}: ${nprocs} processes`);
+  } else if (before.cluster && !now.cluster) {
+    lines.push('cluster stopped');
+  } else if (now.cluster && now.state !== before.state) {
+    if (now.state === 'restarting') {
+      lines.push('JAX world restarting: every process starts empty');
+    } else if (now.state === 'ready') {
+      lines.push(`cluster ready: ${nprocs} processes`);
+    }
+  } else if (
+    now.incarnation !== null &&
+    before.incarnation !== null &&
+    now.incarnation !== before.incarnation
+  ) {
+    lines.push(`new JAX world: ${nprocs} processes, every one started empty`);
+  }
+  if (now.cluster && now.incarnation === before.incarnation) {
+    for (const r of now.dead) {
+      if (!before.dead.has(r)) {
+        lines.push(`p${r} died`);
+      }
+    }
+  }
+  return lines;
 }
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -80,6 +119,7 @@ export class JaxsysSidebar extends Widget {
     this._build();
     _model.changed.connect(this._render, this);
     _model.replied.connect(this._onReply, this);
+    _model.told.connect(this._onTold, this);
     this._render();
   }
 
@@ -210,6 +250,7 @@ export class JaxsysSidebar extends Widget {
     for (const node of this._extra) {
       node.disabled = !ready || this._busy.size > 0;
     }
+    this._followWorld(c);
     this._groups.render(c);
     this._renderRows(c, ready);
     this._renderGrid(c);
@@ -322,6 +363,44 @@ export class JaxsysSidebar extends Widget {
     if (answer.button.accept) {
       await this.run('kill', rank);
     }
+  }
+
+  /**
+   * Log what changed in the world, whoever changed it (a cell's auto-start, `%jaxsys stop`,
+   * a death), so the last-action line never describes a world that is gone.
+   */
+  private _followWorld(c: ICluster | null): void {
+    if (!this._model.state) {
+      return;
+    }
+    const t = this._transcript;
+    const incarnations = (c?.processes ?? []).map(p => p.incarnation ?? 0);
+    const now: IWorld = {
+      cluster: !!c,
+      state: c?.state ?? 'stopped',
+      incarnation: incarnations.length ? Math.max(...incarnations) : null,
+      dead: new Set((c?.processes ?? []).filter(p => p.state === 'dead').map(p => p.rank))
+    };
+    const before = t.world;
+    t.world = now;
+    if (!before) {
+      return;
+    }
+    for (const line of worldChanges(before, now, c?.nprocs ?? 0)) {
+      // A reply or event that already said it (the sidebar's Stop) is not said twice.
+      if (!t.message.includes(line)) {
+        this.note(line);
+      }
+    }
+  }
+
+  /** Another surface carried out a command: the log shows it beside the sidebar's own. */
+  private _onTold(_: JaxsysModel, event: IEvent): void {
+    const who = event.surface === 'jaxsys' ? '%jaxsys' : event.surface;
+    const what = `${who} ${event.action}${event.rank === null ? '' : ` p${event.rank}`}`;
+    const t = this._transcript;
+    t.lines = [...t.lines, ...event.log].slice(-MAX_LOG);
+    this.note(`${what}: ${event.message}`, !event.ok);
   }
 
   private _onReply(_: JaxsysModel, reply: IReply): void {
