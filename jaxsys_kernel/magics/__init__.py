@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import IPython
 
+from . import hints
 from .parameters import Parameters
 from .session import MultihostSession, make_spmd_transformer
 
@@ -32,6 +33,9 @@ def register_magics(shell) -> MultihostSession:
     shell.register_magics(JaxSysMagics(shell, session))
     shell.input_transformers_cleanup.insert(0, make_spmd_transformer(session))
     shell.input_transformers_cleanup.insert(1, action_help_transformer)
+    # `%multihost` (one %) then code would run the code here: refused, asking for `%%`.
+    shell.input_transformers_cleanup.insert(0, hints.single_percent_transformer)
+    shell.events.register("post_run_cell", hints.KernelJaxHint(session).after_cell)
     shell.events.register("post_run_cell", session.report_refusals)
     shell.events.register("post_run_cell", session.report_rotation)
     # A papermill parameters cell runs in the kernel: its values go on to the processes.

@@ -86,3 +86,68 @@ class PartialNames:
             if said:
                 # After the traceback, whose last line is Python's own words.
                 error["traceback"] = [*(error.get("traceback") or []), f"jaxsys: {said}"]
+
+
+# -- cells that run where the user did not mean them to ----------------------------------------
+
+_JAX_USE = re.compile(r"^\s*(?:import|from)\s+jax\b|\bjax\.\w|\bjnp\.\w", re.MULTILINE)
+_SINGLE = re.compile(r"^\s*%multihost\b(?P<rest>[^\n]*)\n(?P<body>.*)\Z", re.DOTALL)
+
+#: Said once per session, after the first kernel-side cell that uses JAX beside a cluster.
+KERNEL_JAX = (
+    "jaxsys: this cell ran in the kernel, whose JAX sees only its own CPU, not the cluster's "
+    "{n} processes: start it with %%multihost to run it on every process, or turn on SPMD "
+    "mode (%multihost on) to run every cell there."
+)
+
+
+def single_percent_refusal(line_options: str) -> str:
+    """What a cell starting with ``%multihost`` (one %) and code after it is told."""
+    return (
+        f"nothing ran: %multihost{line_options} is a line magic, so the code below it would "
+        "have run in the kernel, not on the processes. Did you mean %%multihost (two %) to "
+        "run this cell on every process? (%multihost on|off goes on a line of its own.)"
+    )
+
+
+def refuse_single_percent(line_options: str) -> None:
+    """Raise the :func:`single_percent_refusal` (the transformed cell calls this)."""
+    # Deferred: IPython's error is only needed when a cell is refused.
+    from IPython.core.error import UsageError
+
+    raise UsageError(single_percent_refusal(line_options))
+
+
+def single_percent_transformer(lines: list[str]) -> list[str]:
+    """Turn a cell of ``%multihost [...]`` followed by code into one that runs nothing and
+    asks whether ``%%multihost`` was meant."""
+    match = _SINGLE.match("".join(lines))
+    if match is None or not match.group("body").strip():
+        return lines
+    rest = match.group("rest").rstrip()
+    return [f"__import__('{__name__}', fromlist=['_']).refuse_single_percent({rest!r})\n"]
+
+
+class KernelJaxHint:
+    """After a cell that used JAX in the kernel while a cluster runs: one line, once."""
+
+    def __init__(self, session):
+        self.session = session
+        self.told = False
+
+    def after_cell(self, result) -> None:
+        """A ``post_run_cell`` hook: print :data:`KERNEL_JAX` if this cell is the first such."""
+        if self.told:
+            return
+        try:
+            code = result.info.raw_cell or ""
+            cluster = self.session.cluster
+            running = cluster is not None and cluster.state == "ready"
+        except Exception:  # noqa: BLE001 - a hint must never fail the user's cell
+            return
+        first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+        if not running or self.session.spmd or first.startswith("%"):
+            return
+        if _JAX_USE.search(code):
+            self.told = True
+            print(KERNEL_JAX.format(n=cluster.nprocs))

@@ -128,3 +128,18 @@ def test_cells_are_named_as_the_notebook_shows_them(k):
     assert f"<cell [{warned.reply['execution_count']}]>:2: UserWarning: careful" in warned.stderr, (
         warned.stderr
     )
+
+
+def test_jax_in_the_kernel_beside_a_cluster_gets_one_hint(k):
+    out = k.ok("import jax\nprint(len(jax.devices()))")
+    assert out.stdout.startswith("1\n"), out.stdout
+    assert "jaxsys: this cell ran in the kernel" in out.stdout, out.stdout
+    assert "%%multihost" in out.stdout and "%multihost on" in out.stdout, out.stdout
+    assert "ran in the kernel" not in k.ok("print(jax.process_count())").stdout  # said once
+
+
+def test_a_single_percent_multihost_followed_by_code_runs_nothing(k):
+    out = k.execute("%multihost --procs 0\nran_in_kernel = 1")
+    assert out.status == "error", out
+    assert "Did you mean %%multihost (two %)" in out.error["evalue"], out.error
+    assert k.ok("print('ran_in_kernel' in globals())").stdout == "False\n"

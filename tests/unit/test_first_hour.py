@@ -86,3 +86,12 @@ def test_a_name_defined_on_some_processes_only_is_explained_where_it_is_missing(
     assert names.hint(0, "name 'params' is not defined") is None
     names.record([0, 1], [0, 1], "params = 2", "[8] params = 2")
     assert names.hint(1, "name 'params' is not defined") is None
+
+
+def test_only_a_single_percent_line_followed_by_code_is_refused():
+    from jaxsys_kernel.magics.hints import single_percent_transformer
+
+    for kept in (["%multihost on\n"], ["%%multihost\n", "x = 1\n"], ["%multihost\n", "\n"]):
+        assert single_percent_transformer(kept) == kept
+    (refused,) = single_percent_transformer(["%multihost --procs 0\n", "x = 1\n"])
+    assert "refuse_single_percent(' --procs 0')" in refused
