@@ -24,7 +24,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .._ranges import format_procs
 from ..cells import MultihostError, MultihostInterrupt
-from . import actions
+from . import actions, retries
 from .actions import JAXSYS_ACTIONS, format_status
 from .actions_args import bounded, expand, parse, rank, seconds, split
 from .actions_args import env_pairs as _env_pairs
@@ -160,6 +160,14 @@ class JaxSysMagics(Magics):
         action="store_true",
         help="after a hang report, show the interrupted processes' tracebacks in full",
     )
+    @argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a process dies or is named stuck, restart the JAX world and run the cell "
+        "again, up to N times (the cell restores its own progress)",
+    )
     @argument("mode", nargs="?", choices=("on", "off"), help="line form only: SPMD mode on or off")
     @no_var_expand
     @line_cell_magic
@@ -182,6 +190,9 @@ class JaxSysMagics(Magics):
         until ``%jaxsys restart`` (``--force`` overrides), because on CPU the next
         collective would hang.
 
+        ``--retries N``: after a death or a hang, restart the world and run the cell again,
+        up to N times; the cell restores its own progress (see :mod:`.retries`).
+
         ``--thread-guard`` runs the cell under ``jax.thread_guard``: a multi-process JAX
         operation (a collective, a cross-process transfer) issued from any thread but the
         cell's fails on that process with an error naming both threads, because threads
@@ -201,7 +212,7 @@ class JaxSysMagics(Magics):
             %%multihost --procs 0,2-3 --timeout 30
             train_step()
 
-            %%multihost --grace 5 --on-hang restart
+            %%multihost --grace 5 --on-hang restart --retries 2
             step()
 
             %%multihost --thread-guard
@@ -218,7 +229,15 @@ class JaxSysMagics(Magics):
             )
         if not cell.strip():
             return None
+        return self._run_cell(cell, args)
+
+    def _run_cell(self, cell: str, args):
+        """Run a ``%%multihost`` cell as its parsed line says (``--retries``, ``--verbose``)."""
         try:
+            if args.retries:
+                return retries.run_with_retries(
+                    self.session, cell, args.procs, cell_options(args), args.retries
+                )
             return self.session.run_cell(cell, args.procs, **cell_options(args))
         except (MultihostError, MultihostInterrupt) as e:
             e.verbose = args.verbose
