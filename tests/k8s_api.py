@@ -220,6 +220,10 @@ class ApiServer:
 
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/api", self._versions)
+        app.router.add_get("/apis", self._groups)
+        app.router.add_get("/api/{version}", self._resources)
+        app.router.add_get("/apis/{group}/{version}", self._resources)
         core = "/api/{version}/namespaces/{ns}/{plural}"
         group = "/apis/{group}/{version}/namespaces/{ns}/{plural}"
         for base in (core, group):
@@ -229,6 +233,46 @@ class ApiServer:
             app.router.add_delete(base + "/{name}", self._delete)
             app.router.add_get(base + "/{name}/log", self._log)
         return app
+
+    # -- discovery, as kubectl asks for it ---------------------------------------------------
+
+    async def _versions(self, request: web.Request) -> web.Response:
+        cidr = [{"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]
+        return web.json_response(
+            {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidr}
+        )
+
+    async def _groups(self, request: web.Request) -> web.Response:
+        groups = []
+        for gv in sorted({g for g, _ in RESOURCES if "/" in g}):
+            group, version = gv.split("/")
+            ver = {"groupVersion": gv, "version": version}
+            groups.append({"name": group, "versions": [ver], "preferredVersion": ver})
+        return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+
+    async def _resources(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        gv = f"{info['group']}/{info['version']}" if "group" in info else info["version"]
+        verbs = ["create", "delete", "get", "list"]
+        resources = [
+            {
+                "name": plural,
+                "singularName": kind.lower(),
+                "namespaced": True,
+                "kind": kind,
+                "verbs": verbs,
+            }
+            for (g, plural), kind in RESOURCES.items()
+            if g == gv
+        ]
+        if not resources:
+            return _status(404, "NotFound", f"no API group version {gv}")
+        if gv == "v1":
+            resources.append(
+                {"name": "pods/log", "namespaced": True, "kind": "Pod", "verbs": ["get"]}
+            )
+        body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv}
+        return web.json_response({**body, "resources": resources})
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
