@@ -195,3 +195,24 @@ def test_multi_job_wrapper_computes_process_id(job_index, completion, expected):
     env = {"JAXSYS_JOB_INDEX": str(job_index), "JOB_COMPLETION_INDEX": str(completion)}
     out = subprocess.run(ctr["command"], env=env, capture_output=True, text=True, timeout=10)
     assert out.stdout.strip() == str(expected)
+
+
+def test_a_job_without_its_subdomain_gets_jaxs_own_fix(k8s, client):
+    """JAX lists the Services to name the fix; the test API answers as a cluster would."""
+    _, manifests = world(1, {})
+    for m in manifests:
+        if m["kind"] == "Job":
+            del m["spec"]["template"]["spec"]["subdomain"]
+    apply(client, manifests)
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        [pod] = k8s.api.list("Pod", "default")
+        if pod["status"]["phase"] == "Failed":
+            break
+        time.sleep(0.2)
+    log = next(iter(k8s.pods.values())).read_log()
+    assert pod["status"]["phase"] == "Failed", log
+    assert "A headless service 'w' is found that targets this job" in log
+    assert "subdomain: w" in log
+    job = k8s.api.get("Job", "default", "w")
+    assert job["status"]["conditions"][0]["reason"] == "BackoffLimitExceeded"
