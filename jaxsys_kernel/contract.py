@@ -47,9 +47,12 @@ DEVICES_PER_HOST = "JAXSYS_DEVICES_PER_HOST"
 LAUNCHER = "JAXSYS_LAUNCHER"
 STATE_DIR = "JAXSYS_STATE_DIR"
 
-# Launchers put the rank in different variables; ours comes first because it is the one
-# jaxsys controls. Engine ids never decide the rank: they follow registration order.
-RANK_VARIABLES = (PROCESS_ID, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+# Where a process finds its rank: ours, which jaxsys sets for each process it starts on
+# its own. A launcher that starts every rank with one environment (mpiexec, srun) declares
+# the variables it sets instead (Launcher.rank_variables) and names them, comma-separated,
+# in RANK_VARIABLE_NAMES. Engine ids never decide the rank: they follow registration order.
+RANK_VARIABLES = (PROCESS_ID,)
+RANK_VARIABLE_NAMES = "JAXSYS_RANK_VARIABLES"
 
 # -- the JupyterLab extension ----------------------------------------------------------------
 
@@ -172,8 +175,16 @@ class EngineEnv:
 ENGINE_VARIABLES = frozenset(EngineEnv._NAMES.values())
 
 
+def rank_variables(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The variables this process may find its rank in, in order: :data:`RANK_VARIABLES`,
+    then those its launcher named in :data:`RANK_VARIABLE_NAMES`."""
+    environ = os.environ if environ is None else environ
+    named = [n.strip() for n in environ.get(RANK_VARIABLE_NAMES, "").split(",") if n.strip()]
+    return (*RANK_VARIABLES, *(n for n in named if n not in RANK_VARIABLES))
+
+
 def rank_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """This process's rank, from the first of :data:`RANK_VARIABLES` that is set.
+    """This process's rank, from the first of :func:`rank_variables` that is set.
 
     Raises
     ------
@@ -181,11 +192,12 @@ def rank_from_env(environ: Mapping[str, str] | None = None) -> int:
         If none is set.
     """
     environ = os.environ if environ is None else environ
-    for name in RANK_VARIABLES:
+    names = rank_variables(environ)
+    for name in names:
         value = environ.get(name)
         if value is not None:
             return int(value)
-    raise RuntimeError(f"no rank in the environment; set one of {', '.join(RANK_VARIABLES)}")
+    raise RuntimeError(f"no rank in the environment; set one of {', '.join(names)}")
 
 
 # -- native output ----------------------------------------------------------------------------

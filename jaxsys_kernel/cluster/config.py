@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import os
 import tempfile
 import textwrap
@@ -16,9 +17,11 @@ from .. import contract
 from ..errors import ConfigError
 from . import options as opts
 from .launchers import DEFAULT, launcher_class, launcher_names
-from .launchers.registry import describe, names_where
+from .launchers.registry import describe, launcher_flags, names_where
 from .options import Flag, option
 from .standby import standby_size
+
+log = logging.getLogger("jaxsys.cluster")
 
 # Why jaxsys_kernel refuses JAX's share flag on CPU (measured; docs/compilation-cache.md).
 SHARE_FLAG = "JAX_SHARE_BINARY_BETWEEN_HOSTS"
@@ -222,25 +225,10 @@ class ClusterConfig:
     launcher_options: Mapping[str, Any] | None = option(
         None,
         'Settings of the launcher, by name, e.g. {"ssh_args": ["-i", "key"]}; for '
-        "ssh, remote_python defaults to this Python's path.",
-        Flag("--partition", "Slurm: the partition to queue in", {"metavar": "NAME"}, "partition"),
-        Flag("--time", "Slurm: the job's time limit, e.g. 30:00", {"metavar": "T"}, "time"),
-        Flag("--account", "Slurm: the account charged", {"metavar": "A"}, "account"),
-        Flag(
-            "--sbatch-arg",
-            "Slurm: one more sbatch option, e.g. --sbatch-arg=--ntasks-per-node=1",
-            {"action": "append", "metavar": "ARG"},
-            "sbatch_args",
-        ),
-        Flag("--ssh-arg", "ssh: one more ssh option, e.g. --ssh-arg=-p2222",
-             {"action": "append", "metavar": "ARG"}, "ssh_args"),  # fmt: skip
-        Flag(
-            "--hostfile",
-            "MPI: spread the ranks over the hosts F names",
-            {"metavar": "F"},
-            "hostfile",
-        ),
+        "ssh, remote_python defaults to this Python's path. Each launcher declares its "
+        "settings and the flags that type them (--partition, --ssh-arg, --hostfile...).",
         doc_type="mapping",
+        gather=lambda: launcher_flags(_CORE_FLAGS),
     )
     standby: int | None = option(
         None,
@@ -431,8 +419,12 @@ class ClusterConfig:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add a flag for every option typed on command lines to ``parser``."""
+        """Add a flag for every option typed on command lines to ``parser``; a launcher's
+        flag that the command has already (for itself) is left out, with a warning."""
         for flag, kwargs in opts.flag_arguments(cls):
+            if flag not in _CORE_FLAGS and flag in parser._option_string_actions:
+                log.warning("the launcher flag %s is left out: %s has its own", flag, parser.prog)
+                continue
             parser.add_argument(flag, **kwargs)
 
     @classmethod
@@ -440,6 +432,9 @@ class ClusterConfig:
         """The options a command line parsed by :meth:`add_arguments`'s flags gave."""
         return opts.given_options(cls, args)
 
+
+# The flags of the options declared above: a launcher may not declare one of them again.
+_CORE_FLAGS = frozenset(fl.flag for f in opts.declared(ClusterConfig) for fl in f.metadata["flags"])
 
 ClusterConfig.__doc__ += textwrap.indent(
     f"\n{opts.parameters_doc(ClusterConfig)}\n\nRaises\n------\nConfigError\n"

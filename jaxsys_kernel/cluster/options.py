@@ -124,7 +124,13 @@ class Flag:
         return self.flag, {**kwargs, "help": self.help}
 
 
-def option(default: Any, help: str, *flags: Flag, doc_type: str | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *flags: Flag,
+    doc_type: str | None = None,
+    gather: Callable[[], Sequence[Flag]] | None = None,
+) -> Any:
     """A dataclass field that declares one cluster option.
 
     Parameters
@@ -137,9 +143,13 @@ def option(default: Any, help: str, *flags: Flag, doc_type: str | None = None) -
         How it is typed on a command line; none for options only Python can give.
     doc_type : str, optional
         Its type as the documentation writes it.
+    gather : callable, optional
+        More flags of a mapping option, declared elsewhere and asked for when a command
+        line is made (the launchers' flags for ``launcher_options``).
     """
     return dataclasses.field(
-        default=default, metadata={"help": help, "flags": flags, "doc_type": doc_type}
+        default=default,
+        metadata={"help": help, "flags": flags, "doc_type": doc_type, "gather": gather},
     )
 
 
@@ -148,9 +158,15 @@ def declared(config_class: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(config_class) if "flags" in f.metadata]
 
 
+def flags_of(f: dataclasses.Field) -> tuple[Flag, ...]:
+    """The flags of one declared option: its own, then those gathered for it."""
+    gather = f.metadata.get("gather")
+    return (*f.metadata["flags"], *(gather() if gather is not None else ()))
+
+
 def flag_arguments(config_class: type) -> list[tuple[str, dict[str, Any]]]:
     """``(flag, add_argument kwargs)`` for every flag the declaration has, in its order."""
-    return [fl.argument() for f in declared(config_class) for fl in f.metadata["flags"]]
+    return [fl.argument() for f in declared(config_class) for fl in flags_of(f)]
 
 
 def given_options(config_class: type, args: argparse.Namespace) -> dict[str, Any]:
@@ -163,7 +179,7 @@ def given_options(config_class: type, args: argparse.Namespace) -> dict[str, Any
     """
     out: dict[str, Any] = {}
     for f in declared(config_class):
-        for fl in f.metadata["flags"]:
+        for fl in flags_of(f):
             value = getattr(args, fl.dest, None)
             if value is None or value == []:
                 continue

@@ -22,8 +22,8 @@ from typing import Any
 
 from .._ranges import parse_procs
 from ..cluster.config import ClusterConfig
+from ..cluster.launchers.registry import rank_variables, size_variables
 from ..cluster.options import merge_layers
-from ..contract import RANK_VARIABLES
 from ..errors import ConfigError
 
 # What the program prints (alone on a line) where a cell begins, where one failed, and
@@ -262,7 +262,7 @@ import time
 import traceback
 
 RANK_VARIABLES = {rank_variables!r}
-SIZE_VARIABLES = ("JAXSYS_NUM_PROCESSES", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+SIZE_VARIABLES = {size_variables!r}
 DEVICES_PER_HOST = {devices}
 # What a notebook's cluster gives each of its processes: for every process (the compilation
 # cache, recoverability, --env), and by rank (its mTLS certificate and key).
@@ -450,7 +450,9 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
     out = [
         _HEADER.format(
             notebook=notebook,
-            rank_variables=tuple(RANK_VARIABLES),
+            # Each launcher's variables: the program runs under whichever the job uses.
+            rank_variables=rank_variables(),
+            size_variables=size_variables(),
             devices=prog.devices_per_host,
             env=setup.env,
             process_env=setup.process_env,

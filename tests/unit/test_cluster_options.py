@@ -42,7 +42,7 @@ TODAYS_FLAGS = {
 
 
 def _declared_flags() -> dict[str, str]:
-    return {fl.flag: f.name for f in opts.declared(ClusterConfig) for fl in f.metadata["flags"]}
+    return {fl.flag: f.name for f in opts.declared(ClusterConfig) for fl in opts.flags_of(f)}
 
 
 def _flags_of(parser) -> set[str]:

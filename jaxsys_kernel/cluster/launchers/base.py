@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from ... import contract
 from ..._ranges import format_procs
@@ -21,6 +21,7 @@ from .. import stacks
 from ..allocation import Allocation
 from ..security import handshake_trace_env
 from ..teardown import engine_start_times, killpg_all, launcher_pids, pid_alive, wait_gone
+from .kind import LauncherKind
 
 if TYPE_CHECKING:
     from ..records import ProcessInfo
@@ -105,41 +106,19 @@ def listen_addresses(loopback_only: bool, controller_ip: str | None) -> tuple[st
     return "0.0.0.0", socket.gethostname()
 
 
-class Launcher:
+class Launcher(LauncherKind):
     """How the engines of one cluster are started, signalled and killed.
 
-    Subclasses set the class attributes below and override what differs. An instance is
-    made once per cluster (:func:`make_launcher`) and keeps, for the cluster's lifetime,
-    its ipyparallel ``Cluster`` (``ipp``) and which engine set serves each rank.
+    Subclasses set the class attributes of :class:`~.kind.LauncherKind` (what a launcher
+    declares: its options and their flags, rank variables, allocation) and override what
+    differs here. An instance is made once per cluster (:func:`make_launcher`) and keeps,
+    for the cluster's lifetime, its ipyparallel ``Cluster`` (``ipp``) and which engine set
+    serves each rank.
 
     Parameters
     ----------
     config : ClusterConfig
     """
-
-    #: The name users give (``Cluster(launcher=...)``).
-    name: ClassVar[str]
-    #: Processes are named by host (``hosts=[...]``), not counted.
-    needs_host_names: ClassVar[bool] = False
-    #: ``addresses`` and ``process_prefix`` place processes (network namespaces, taskset).
-    places_processes: ClassVar[bool] = False
-    #: ipyparallel has an engine launcher of this name that takes ``launcher_options``.
-    takes_options: ClassVar[bool] = True
-    #: Engine (and nanny) pids are pids on this machine.
-    engine_pids_here: ClassVar[bool] = False
-    #: Launcher processes (mpiexec, sbatch...) run on this machine.
-    launcher_pids_here: ClassVar[bool] = True
-    #: A single process can be restarted into the running world (and so processes can be
-    #: launched one by one, which a standby needs).
-    restarts_one_process: ClassVar[bool] = False
-    #: Keeps a standby (see cluster/standby.py) when the user asks for none.
-    standby_by_default: ClassVar[bool] = False
-    #: Engines read a complete copy of the controller's engine file (see bringup.py).
-    uses_engine_file_copy: ClassVar[bool] = False
-    #: With no ``controller_ip``, everything listens on loopback.
-    loopback_only: ClassVar[bool] = False
-    #: ``JAX_PLATFORMS`` when the user sets none; "" lets JAX pick (accelerators if any).
-    default_platforms: ClassVar[str] = ""
 
     def __init__(self, config):
         self.config = config
@@ -197,56 +176,6 @@ class Launcher:
         """Where the kernel's telemetry socket listens, and the address engines connect to
         (see :func:`listen_addresses`)."""
         return listen_addresses(self.loopback_only, self.config.controller_ip)
-
-    @classmethod
-    def default_options(cls) -> dict[str, Any]:
-        """``launcher_options`` that apply when the user does not give them."""
-        return {}
-
-    #: The ipyparallel engine launcher that starts this kind's engines (by its name).
-    ipp_launcher: ClassVar[str | None] = None
-
-    @classmethod
-    def option_names(cls) -> tuple[str, set[str]]:
-        """What ``launcher_options`` may name, and whose settings they are: by default
-        those of ipyparallel's engine launcher."""
-        # Deferred: ipyparallel's launchers take a while to import and only this check
-        # needs them before a cluster starts.
-        from ipyparallel.cluster.launcher import find_launcher_class
-
-        ipp_cls = find_launcher_class(cls.ipp_launcher or cls.name, "engine")
-        return f"ipyparallel's {ipp_cls.__name__}", set(ipp_cls.class_trait_names(config=True))
-
-    @classmethod
-    def check_options(cls, options) -> None:
-        """Refuse names this launcher does not have: traitlets would ignore them silently.
-
-        Raises
-        ------
-        ValueError
-            Naming the unknown settings and listing the known ones.
-        """
-        owner, known = cls.option_names()
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"launcher_options: {', '.join(unknown)} is not a setting of {owner}; "
-                f"it has {', '.join(sorted(known))}"
-            )
-
-    @classmethod
-    def batch_job(
-        cls, program: Path, nprocs: int, out_dir: Path, options: dict[str, Any]
-    ) -> tuple[dict[str, str], list[str]]:
-        """How ``jaxsys job`` runs ``program`` as ``nprocs`` processes of one job, each
-        writing its output to ``out_dir/p{rank}.out``.
-
-        Returns
-        -------
-        tuple
-            Files to write into ``out_dir`` (name to text), and the command, run there.
-        """
-        raise NotImplementedError(f"jaxsys job cannot run a program with the {cls.name} launcher")
 
     # -- the coordinator and certificates ---------------------------------------------------
 
@@ -324,10 +253,11 @@ class Launcher:
 
     def one_job_env(self, ctx: EngineContext) -> dict[str, str]:
         """The environment of every rank started in one job (MPI, Slurm), where each
-        process learns its rank from the launcher's variables, and from its rank which
-        certificate and key are its own."""
+        process learns its rank from the launcher's :attr:`rank_variables` (named in the
+        environment), and from its rank which certificate and key are its own."""
         env = self.engine_env(0, ctx)
         env.pop(contract.PROCESS_ID)
+        env[contract.RANK_VARIABLE_NAMES] = ",".join(self.rank_variables)
         if ctx.pki is not None:
             own, by_rank = ctx.pki.env(0), ctx.pki.env_by_rank()
             files = set(own) - set(by_rank)
@@ -376,7 +306,9 @@ class Launcher:
     # -- launching ----------------------------------------------------------------------------
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
-        """Start the engines of every rank (without waiting for them to register)."""
+        """Start the engines of every rank (without waiting for them to register): by
+        default with one command, after :meth:`acquire`, every rank one environment."""
+        await self.acquire(ctx, report)
         env = self.one_job_env(ctx)
         set_id = f"all-i{ctx.incarnation}"
         await self.ipp.start_engines(
@@ -386,6 +318,10 @@ class Launcher:
             **self.launch_options(),
         )
         self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
+
+    async def acquire(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
+        """Before a launch: get what the engines run on (a scheduler's job), reporting
+        while it waits. Nothing by default: the allocation is there already."""
 
     def launch_options(self) -> dict[str, Any]:
         """The settings handed to ipyparallel's engine launcher."""

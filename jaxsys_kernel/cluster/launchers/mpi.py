@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..allocation import MpiAllocation
+from ..options import Flag
 from ..records import ClusterStartError
 from .base import Launcher
 
@@ -43,11 +44,18 @@ class MpiLauncher(Launcher):
     """
 
     name = "mpi"
-
-    @classmethod
-    def option_names(cls) -> tuple[str, set[str]]:
-        owner, names = super().option_names()
-        return owner + " (and hostfile)", {*names, "hostfile"}
+    ipp_launcher = "mpi"
+    options = {"hostfile": "an Open MPI hostfile: the ranks are spread over the hosts it names"}
+    flags = (
+        Flag(
+            "--hostfile",
+            "MPI: spread the ranks over the hosts F names",
+            {"metavar": "F"},
+            "hostfile",
+        ),
+    )
+    rank_variables = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    size_variables = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
     @classmethod
     def batch_job(cls, program, nprocs, out_dir, options):
@@ -121,15 +129,11 @@ class MpiLauncher(Launcher):
         given = env.get(OMPI_EXPORTS) or os.environ.get(OMPI_EXPORTS)
         return {OMPI_EXPORTS: ";".join([*([given] if given else []), *names])}
 
-    async def launch(self, ctx, report) -> None:
-        """Start every rank with one ``mpiexec``, which exports the engines' variables."""
-        env = self.one_job_env(ctx)
+    def one_job_env(self, ctx):
+        """Every rank's environment, with the variable that has ``mpiexec`` export it."""
+        env = super().one_job_env(ctx)
         env.update(self.exports(env))
-        set_id = f"all-i{ctx.incarnation}"
-        await self.ipp.start_engines(
-            n=self.config.nprocs, engine_set_id=set_id, environment=env, **self.launch_options()
-        )
-        self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
+        return env
 
     def local_engines(self, processes):
         # Without a hostfile the ranks run on this machine (mpi_args may name other hosts:

@@ -1,13 +1,15 @@
 """The one place launchers are found: the built-in ones, then those other packages declare.
 
 A package adds a launcher by declaring a :class:`~.base.Launcher` subclass in the
-``jaxsys.launchers`` entry-point group::
+``jaxsys.launchers`` entry-point group (docs/launchers.md shows one in full)::
 
     [project.entry-points."jaxsys.launchers"]
     pbs = "mypkg.pbs:PbsLauncher"
 
 Everything that offers, checks or describes launcher names (``%jaxsys start --launcher``,
-``jaxsys cluster start --launcher``, ``ClusterConfig``'s messages) asks this module.
+``jaxsys cluster start --launcher``, ``ClusterConfig``'s messages) asks this module, and so
+does everything that reads what launchers declare (:mod:`.kind`): their flags, which every
+command that starts a cluster offers, and their rank and size variables.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import logging
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 
+from ... import contract
 from ...errors import ConfigError
+from ..options import Flag
 from .base import Launcher
 from .local import LocalLauncher
 from .mpi import MpiLauncher
@@ -111,3 +115,45 @@ def describe(names: list[str], conjunction: str = "or") -> str:
         return f"the {names[0]} launcher"
     plural = "s" if conjunction == "and" else ""
     return f"the {', '.join(names[:-1])} {conjunction} {names[-1]} launcher{plural}"
+
+
+@functools.cache
+def launcher_flags(reserved: frozenset[str] = frozenset()) -> tuple[Flag, ...]:
+    """The flags every launcher declares for its ``launcher_options``, each once.
+
+    Two launchers may share a flag that sets the same option (the first one's help is
+    shown); a flag that sets another option than an earlier launcher's, one that names no
+    option, or one in ``reserved`` (ClusterConfig's own) is left out with a warning.
+    """
+    found: dict[str, tuple[str, Flag]] = {}
+    for name, cls in launcher_classes().items():
+        for fl in cls.flags:
+            earlier = found.get(fl.flag)
+            if fl.key is None or fl.flag in reserved:
+                why = "it sets no launcher option" if fl.key is None else "jaxsys has it"
+            elif earlier is not None and earlier[1].key != fl.key:
+                why = f"the {earlier[0]} launcher's sets {earlier[1].key!r}"
+            else:
+                found.setdefault(fl.flag, (name, fl))
+                continue
+            log.warning("the %s launcher's flag %s is left out: %s", name, fl.flag, why)
+    return tuple(fl for _, fl in found.values())
+
+
+def _variables(first: str, attribute: str) -> tuple[str, ...]:
+    names = [first]
+    for cls in launcher_classes().values():
+        names += [n for n in getattr(cls, attribute) if n not in names]
+    return tuple(names)
+
+
+def rank_variables() -> tuple[str, ...]:
+    """Every variable a process may find its rank in: jaxsys's own, then each launcher's
+    :attr:`~.kind.LauncherKind.rank_variables` (for a program that runs under any)."""
+    return _variables(contract.PROCESS_ID, "rank_variables")
+
+
+def size_variables() -> tuple[str, ...]:
+    """Every variable a process may find the number of processes in, as
+    :func:`rank_variables`."""
+    return _variables(contract.NUM_PROCESSES, "size_variables")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import _compat
+from ..options import Flag
 from ..teardown import START_TIME_TOLERANCE_S, sub_launchers
 from .base import EngineContext, Launcher, host_part
 
@@ -56,6 +57,15 @@ class SshLauncher(Launcher):
     """
 
     name = "ssh"
+    ipp_launcher = "ssh"
+    flags = (
+        Flag(
+            "--ssh-arg",
+            "ssh: one more ssh option, e.g. --ssh-arg=-p2222",
+            {"action": "append", "metavar": "ARG"},
+            "ssh_args",
+        ),
+    )
     needs_host_names = True
     launcher_pids_here = False
     restarts_one_process = True

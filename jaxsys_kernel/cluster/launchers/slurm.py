@@ -17,32 +17,49 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...errors import ConfigError
 from ..allocation import AllocationEndedError
-from ..allocation_slurm import SlurmAllocation, batch_script, kill_steps
+from ..allocation_slurm import SlurmAllocation, batch_script, kill_steps, lease_file
+from ..lease import refusal
+from ..options import Flag
 from ..records import ClusterStartError
 from .base import EngineContext, Launcher
 
 # Seconds between looks at the job while the cluster runs (each is one squeue call).
 JOB_POLL_S = 2.0
-OPTIONS = {
-    "partition": "the partition (sbatch --partition)",
-    "time": "the time limit (sbatch --time)",
-    "account": "the account charged (sbatch --account)",
-    "qos": "the quality of service (sbatch --qos)",
-    "sbatch_args": "more sbatch options, e.g. ['--ntasks-per-node=1']",
-    "srun_args": "more srun options for the engines' job step",
-    "job_id": "a running job to use instead of submitting one",
-    "queue_timeout": "seconds a job may wait in the queue (default: as long as it takes)",
-}
 
 
 class SlurmLauncher(Launcher):
     """Every rank in one Slurm job; ranks come from Slurm's environment (``SLURM_PROCID``).
 
-    ``launcher_options`` take the keys of :data:`OPTIONS`.
+    ``launcher_options`` take the keys of :attr:`options`.
     """
 
     name = "slurm"
+    options = {
+        "partition": "the partition (sbatch --partition)",
+        "time": "the time limit (sbatch --time)",
+        "account": "the account charged (sbatch --account)",
+        "qos": "the quality of service (sbatch --qos)",
+        "sbatch_args": "more sbatch options, e.g. ['--ntasks-per-node=1']",
+        "srun_args": "more srun options for the engines' job step",
+        "job_id": "a running job to use instead of submitting one",
+        "queue_timeout": "seconds a job may wait in the queue (default: as long as it takes)",
+    }
+    flags = (
+        Flag("--partition", "Slurm: the partition to queue in", {"metavar": "NAME"}, "partition"),
+        Flag("--time", "Slurm: the job's time limit, e.g. 30:00", {"metavar": "T"}, "time"),
+        Flag("--account", "Slurm: the account charged", {"metavar": "A"}, "account"),
+        Flag(
+            "--sbatch-arg",
+            "Slurm: one more sbatch option, e.g. --sbatch-arg=--ntasks-per-node=1",
+            {"action": "append", "metavar": "ARG"},
+            "sbatch_args",
+        ),
+    )
+    rank_variables = ("SLURM_PROCID",)
+    size_variables = ("SLURM_NTASKS",)
+    allocation_kind = SlurmAllocation
 
     def __init__(self, config):
         super().__init__(config)
@@ -52,8 +69,14 @@ class SlurmLauncher(Launcher):
         self._kept = False
 
     @classmethod
-    def option_names(cls) -> tuple[str, set[str]]:
-        return f"the {cls.name} launcher", set(OPTIONS)
+    def job_allocation(cls, job_id: str, ntasks: int = 1) -> SlurmAllocation:
+        if not job_id.isdigit():
+            raise ConfigError(f"JOB must be a Slurm job id (digits), not {job_id!r}")
+        return SlurmAllocation(job_id=job_id, ntasks=ntasks)
+
+    @classmethod
+    def attach_refusal(cls, job_id: str) -> str | None:
+        return refusal(lease_file(job_id), f"Slurm job {job_id}")
 
     def make_allocation(self) -> None:
         # The job is submitted when the engines launch (_acquire), not before.
@@ -84,6 +107,9 @@ class SlurmLauncher(Launcher):
             "engine_launcher_class": SrunEngineSetLauncher,
         }
 
+    async def acquire(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
+        await asyncio.to_thread(self._acquire, ctx, report)
+
     def _acquire(self, ctx: EngineContext, report: Callable[[str, int, int], None]):
         """Submit the job (once per cluster) and wait until it runs."""
         opts = self.config.launcher_options
@@ -105,17 +131,9 @@ class SlurmLauncher(Launcher):
                 raise AllocationEndedError(f"{e}; its output ends with:\n{tail}") from None
             raise
 
-    async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
-        await asyncio.to_thread(self._acquire, ctx, report)
-        env = self.one_job_env(ctx)
-        set_id = f"all-i{ctx.incarnation}"
-        await self.ipp.start_engines(
-            n=self.config.nprocs,
-            engine_set_id=set_id,
-            environment=env,
-            mpi_cmd=self.allocation.step_command(self.config.nprocs),
-        )
-        self.engine_sets = dict.fromkeys(self.config.ranks, set_id)
+    def launch_options(self) -> dict[str, Any]:
+        # The engines run as one step of the job: srun is ipyparallel's mpiexec here.
+        return {"mpi_cmd": self.allocation.step_command(self.config.nprocs)}
 
     def kill_remote(self, engine_sets, processes=()) -> None:
         """SIGKILL the engines' job steps (Slurm ends every process of a step, what cells
