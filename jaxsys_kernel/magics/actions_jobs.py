@@ -19,10 +19,9 @@ from ..cluster.allocation import (
     saved_file,
     state_dir,
 )
-from ..cluster.allocation_slurm import SlurmAllocation, lease_file
 from ..cluster.config import ClusterConfig
-from ..cluster.launchers.registry import describe, names_where
-from ..cluster.lease import refusal, ttl_s
+from ..cluster.launchers.registry import describe, launcher_class, names_where
+from ..cluster.lease import ttl_s
 from ..errors import ConfigError
 
 # What session.start has always been handed, given on the line or not (None: the
@@ -96,7 +95,7 @@ def keep_allocation(session, name: str | None = None) -> str:
     launcher = cluster.world.launcher
     alloc = getattr(launcher, "allocation", None)
     if alloc is None or getattr(alloc, "job_id", None) is None:
-        able = names_where(_takes_job_id)
+        able = names_where(_attaches)
         raise UsageError(
             f"the {cluster.config.launcher} launcher holds nothing that outlives its engines "
             f"(only {describe(able)} runs them in a scheduler's job); use %jaxsys stop"
@@ -121,9 +120,9 @@ def keep_allocation(session, name: str | None = None) -> str:
     )
 
 
-def _takes_job_id(kind) -> bool:
-    """Whether a launcher starts engines in a running job (it takes a job's id)."""
-    return kind.takes_options and "job_id" in kind.option_names()[1]
+def _attaches(kind) -> bool:
+    """Whether a launcher starts engines in a running job (its allocation's kind)."""
+    return kind.allocation_kind is not None
 
 
 def _saved_options(cluster) -> dict[str, Any]:
@@ -207,34 +206,49 @@ def attach(session, args: argparse.Namespace) -> None:
         %jaxsys attach
         %jaxsys attach --name big-run
     """
-    # The launcher that starts engines in a running job: the one that takes a job's id.
-    able = names_where(_takes_job_id)
-    if len(able) != 1:
-        raise UsageError(f"attach needs one launcher that takes a job id, not {describe(able)}")
+    # The launchers that start engines in a running job: those with an allocation kind.
+    able = names_where(_attaches)
     options: dict[str, Any] = {}
     try:
         name = check_name(args.name)
+        if args.job_id is None:
+            job_id, options = _saved_job(name)
+        kind = _attaching(options.get("launcher"), able)
+        if args.job_id is not None:
+            job_id = args.job_id
+            alloc = kind.job_allocation(job_id)
+            status = alloc.poll()
+            if status.state.terminal:
+                what = alloc.describe_job()
+                raise UsageError(f"{what} is {status.describe()}: nothing to attach to")
+            options["hosts"] = max(1, len(status.hosts))
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    if args.job_id is None:
-        job_id, options = _saved_job(name)
-    elif not args.job_id.isdigit():
-        raise UsageError(f"JOB must be a Slurm job id (digits), not {args.job_id!r}")
-    else:
-        job_id = args.job_id
-        status = SlurmAllocation(job_id=job_id).poll()
-        if status.state.terminal:
-            raise UsageError(f"Slurm job {job_id} is {status.describe()}: nothing to attach to")
-        options["hosts"] = max(1, len(status.hosts))
     # One kernel at a time: refused before anything starts, naming the holder.
-    held = refusal(lease_file(job_id), f"Slurm job {job_id}")
+    held = kind.attach_refusal(job_id)
     if held:
         raise UsageError(held)
     given = {"hosts": args.hosts, "devices_per_host": args.devices_per_host}
     options.update({k: v for k, v in given.items() if v is not None})
     launcher_options = {**options.get("launcher_options", {}), "job_id": job_id}
-    options.update(launcher=able[0], launcher_options=launcher_options)
+    options.update(launcher=kind.name, launcher_options=launcher_options)
     session.start(**options)
     # Kept for the next attach: the job outlives this cluster, and this kernel by its
     # lease's TTL.
-    save_allocation(SlurmAllocation(job_id=job_id, ntasks=options["hosts"]), options, name)
+    save_allocation(kind.job_allocation(job_id, ntasks=options["hosts"]), options, name)
+
+
+def _attaching(saved: str | None, able: list[str]):
+    """The launcher class an attach starts engines with: the saved cluster's, else the
+    one launcher that attaches to jobs.
+
+    Raises
+    ------
+    UsageError
+        When there is no such launcher, or several and nothing says which.
+    """
+    if saved in able:
+        return launcher_class(saved)
+    if len(able) != 1:
+        raise UsageError(f"attach needs one launcher that takes a job id, not {describe(able)}")
+    return launcher_class(able[0])
