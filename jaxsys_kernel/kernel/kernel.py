@@ -11,6 +11,7 @@ from .. import _compat, contract
 from .._version import __version__
 from ..magics import register_magics
 from .comm import ClusterComms
+from .page import watch_page
 
 # Messages that control views, not the kernel: served on subshells, beside a running cell.
 _COMM_MESSAGES = ("comm_msg", "comm_close")
@@ -57,6 +58,8 @@ class JaxSysKernel(IPythonKernel):
         # The JupyterLab extension's status bar and sidebar talk to the kernel over this.
         self.jaxsys_comms = ClusterComms(self.jaxsys, self.control_subshell)
         self.jaxsys_comms.register(self)
+        # Under Voilà, the page's cluster ends soon after the page does (page.py says why).
+        self.page_watch = watch_page(self)
 
     def control_subshell(self) -> str | None:
         """The id of a subshell that serves widget controls while a cell blocks the shell.
