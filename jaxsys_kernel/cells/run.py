@@ -119,8 +119,14 @@ class CellMachine:
         all_displays: bool = False,
         window: float | None = None,
         label: str = "<cell>",
+        on_wait: Callable[[list[int]], None] | None = None,
+        wait_notice: float | None = None,
     ):
         procs = list(procs)
+        # Called once, ``wait_notice`` seconds in, with the processes still running (the
+        # caller asks whether they wait for processes that do not run the cell).
+        self.on_wait = on_wait
+        self.notice_at = clock() + wait_notice if on_wait and wait_notice is not None else None
         self.run = CellRun(procs=procs, results={r: ProcResult(rank=r) for r in procs})
         self.sink = sink
         self.clock = clock
@@ -258,6 +264,11 @@ class CellMachine:
         if self.phase == DONE:
             return Step(DONE)
         now = self.clock()
+        if self.notice_at is not None and now >= self.notice_at:
+            self.notice_at = None
+            if self.phase == "watch" and self.running:
+                self.flush()  # the notice comes after what was printed so far
+                self.on_wait(sorted(self.running))
         if self.phase in ("watch", "wait") and self.deadline is not None and now >= self.deadline:
             return self._judge("timeout")
         hang_at = self._hang_at()
@@ -278,6 +289,7 @@ class CellMachine:
         if self.phase in ("watch", "wait"):
             times.append(self.deadline)
         times.append(hang_at)
+        times.append(self.notice_at)
         if self.phase == "draining":
             times.append(self.drain_until)
         times = [t for t in times if t is not None]

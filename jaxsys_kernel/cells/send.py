@@ -194,6 +194,8 @@ def execute(
     hooks: dict[str, dict] | None = None,
     known: set | None = None,
     label: str = "<cell>",
+    on_wait: Callable[[list[int]], None] | None = None,
+    wait_notice: float | None = None,
 ) -> CellRun:
     """Run ``code`` on the given processes and stream their output as it arrives.
 
@@ -216,6 +218,8 @@ def execute(
         and ``known`` (the entries of earlier cells) gains this cell's.
     label
         How the cell's file is named in what the processes print (e.g. ``<cell [7]>``).
+    on_wait, wait_notice
+        Called once, ``wait_notice`` seconds in, with the processes still running the cell.
 
     Returns
     -------
@@ -224,6 +228,7 @@ def execute(
     """
     procs = list(cluster.ranks if procs is None else procs)
     shown = {"collate": collate, "all_displays": all_displays, "window": window, "label": label}
+    shown |= {"on_wait": on_wait, "wait_notice": wait_notice}
     machine = CellMachine(procs, sink or Sink(), clock=clock, timeout=timeout, grace=grace, **shown)
     code, watch = _with_hooks(cluster, code, procs, hooks, machine, known)
     events = send_cell(cluster, code, procs)

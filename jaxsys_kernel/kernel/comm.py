@@ -181,7 +181,7 @@ def cluster_state(session, *, cell_running: bool = False, group: int | None = No
     if hub is not None and cluster.processes:
         lives = {live.rank: live for live in process_liveness(cluster)}
     rows = _process_rows(cluster, lives)
-    said = health(cluster, getattr(session, "broken", None), {r["rank"]: r["state"] for r in rows})
+    said = _health(session, cluster, rows)
     out["health"] = said.to_dict()
     alive = [r for r in rows if r["state"] == "alive"]
     out["cluster"] = {
@@ -197,6 +197,13 @@ def cluster_state(session, *, cell_running: bool = False, group: int | None = No
         "heartbeat_timeout": cluster.heartbeat_timeout,
     }
     return out
+
+
+def _health(session, cluster, rows: list[dict]):
+    """The cluster's state in one word, with the session's out-of-step and waiting news."""
+    states = {r["rank"]: r["state"] for r in rows}
+    broken, waiting = getattr(session, "broken", None), getattr(session, "waiting", None)
+    return health(cluster, broken, states, waiting)
 
 
 def _rows_or_summary(rows: list[dict], group: int | None) -> dict:
@@ -241,6 +248,10 @@ class ClusterComms:
         self._summary: dict | None = None
         # Comms whose front end reads deltas (version 2); the others get whole states.
         self._delta_comms: set[int] = set()
+        # A cell's processes found waiting for others (or done waiting): the views show it.
+        listeners = getattr(session, "state_listeners", None)
+        if isinstance(listeners, list):
+            listeners.append(self.push)
 
     # -- registration ---------------------------------------------------------------------
 

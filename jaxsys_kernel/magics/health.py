@@ -17,10 +17,12 @@ RESTARTING = "restarting"
 OUT_OF_STEP = "out of step"
 DEGRADED = "degraded"
 STOPPED = "stopped"
+#: Processes wait inside JAX for processes that do not run the cell.
+WAITING = "waiting"
 #: Every state, in the order a reader would look for trouble.
-STATES = (READY, STARTING, RESTARTING, OUT_OF_STEP, DEGRADED, STOPPED)
+STATES = (READY, STARTING, RESTARTING, OUT_OF_STEP, DEGRADED, WAITING, STOPPED)
 #: States in which the views warn.
-WARNING = (OUT_OF_STEP, DEGRADED)
+WARNING = (OUT_OF_STEP, DEGRADED, WAITING)
 # Process states that make a cluster degraded, or (coming back) restarting.
 _UNWELL = ("dead", "stuck")
 _RETURNING = ("restarting", "starting")
@@ -57,7 +59,9 @@ class Health:
         return {"state": self.state, "reason": self.reason, "warning": self.warning}
 
 
-def health(cluster, broken: str | None = None, process_states=None) -> Health:
+def health(
+    cluster, broken: str | None = None, process_states=None, waiting: str | None = None
+) -> Health:
     """The cluster's state from what the kernel knows.
 
     Parameters
@@ -69,6 +73,8 @@ def health(cluster, broken: str | None = None, process_states=None) -> Health:
     process_states : mapping of int to str, optional
         Each process's state as the views show it (``alive``, ``dead``, ``stuck``, ...);
         the cluster's own records when left out.
+    waiting : str, optional
+        Who waits for whom in the running cell (the session's ``waiting``), if anyone.
 
     Returns
     -------
@@ -96,4 +102,6 @@ def health(cluster, broken: str | None = None, process_states=None) -> Health:
         return Health(DEGRADED, said)
     if unwell:
         return Health(RESTARTING, said)
+    if waiting:
+        return Health(WAITING, f"{waiting}, which do not run the cell")
     return Health(READY)

@@ -19,7 +19,7 @@ from ..cells import guard, hang, timeline
 from ..cells.result import notebook_cell_number
 from ..cells.spmd import LOCAL_PREFIXES, is_local_cell, make_spmd_transformer
 from ..cluster import Cluster
-from . import deaths, hints, recovery
+from . import deaths, hints, recovery, waits
 from .boundary import usage_boundary
 from .controls import Controls
 from .dashboard_wiring import DashboardWiring
@@ -61,6 +61,10 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
         # Per process, the cells it was asked to run since the last cell that ran
         # everywhere: the same-program guard compares them.
         self.ledger = guard.Ledger()
+        # Processes waiting for others that do not run the cell (None: no such wait), and
+        # who is told when that changes (the comm pushes its state).
+        self.waiting: str | None = None
+        self.state_listeners: list = []
         # Names defined by cells run on some processes only, for NameError's hint.
         self.partial_names = hints.PartialNames()
         self.last_summaries: dict[str, dict] = {}
@@ -136,9 +140,12 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
                 hooks=hooks,
                 known=self.dispatches_seen,
                 label=f"<cell [{number}]>" if number is not None else "<cell>",
+                on_wait=waits.check_for(cluster, ranks, sink, self._wait, code),
+                wait_notice=waits.WAIT_NOTICE,
             )
         finally:
             self.broken = policy.broken or self.broken
+            self._wait(None) if self.waiting else None
         if profile and run.hang_action is None:
             # Never raises: the cell's own results come next whatever happens to the trace.
             timeline.after_cell(cluster, ranks, profile)
@@ -157,6 +164,15 @@ class MultihostSession(Lifecycle, DashboardWiring, Controls, RemoteValues):
             print(warning, file=sys.stderr)
         self.partial_names.record(ranks, cluster.ranks, code, label)
         return number
+
+    def _wait(self, said: str | None) -> None:
+        """Show (or, with None, clear) a wait in the state the views read."""
+        self.waiting = said
+        for listener in list(self.state_listeners):
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a broken view must not fail the cell
+                pass
 
     def _hooks(self, thread_guard: bool | None, check: bool | None, profile) -> dict:
         """The engine-side hooks a cell runs under: the session's defaults unless the

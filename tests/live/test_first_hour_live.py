@@ -37,10 +37,16 @@ def _commands(text: str) -> list[str]:
     return re.findall(r"%jaxsys restart(?: \d+)?", text)
 
 
+# Process 1 writes to its native stderr, waits until its log holds the line (a reader thread
+# copies it there), then dies.
 DIES = """%%multihost
-import os, signal
+import os, signal, time
+from jaxsys_kernel.engine import output
 if jax.process_index() == 1:
     os.write(2, b"last words of p1\\n")
+    deadline = time.monotonic() + 10
+    while "last words" not in output.log_tail(5) and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -143,3 +149,43 @@ def test_a_single_percent_multihost_followed_by_code_runs_nothing(k):
     assert out.status == "error", out
     assert "Did you mean %%multihost (two %)" in out.error["evalue"], out.error
     assert k.ok("print('ran_in_kernel' in globals())").stdout == "False\n"
+
+
+def _stamp(msg: dict) -> float:
+    date = msg["header"]["date"]
+    return date.timestamp() if hasattr(date, "timestamp") else 0.0
+
+
+def test_a_cell_waiting_for_processes_that_do_not_run_it_says_so_within_5_s(k):
+    from .test_labextension_comm import CommClient
+
+    client = CommClient(k)
+    client.wait_state(lambda s: s["cluster"] is not None, timeout=30, what="with a cluster")
+    k.ok(SETUP)
+    out = k.execute(
+        "%%multihost --procs 0 --timeout 10\ndevices = jax.devices()\n" + COLLECTIVE, timeout=60
+    )
+    said = [
+        m
+        for m in out.messages
+        if m["msg_type"] == "stream" and "in a JAX call" in m["content"]["text"]
+    ]
+    assert said, out.stderr
+    text = said[0]["content"]["text"]
+    assert text.startswith("jaxsys: p0 waits in a JAX call") and "p1 idle does not run" in text, (
+        text
+    )
+    began = next(m for m in out.messages if m["msg_type"] == "execute_input")
+    assert _stamp(said[0]) - _stamp(began) < 5, (_stamp(said[0]) - _stamp(began), text)
+    # The state the front end reads shows the wait while it lasts.
+    states = [
+        m["content"]["data"]["state"]
+        for m in out.messages
+        if m["msg_type"] == "comm_msg" and m["content"]["data"].get("type") == "state"
+    ]
+    healths = [s["health"] for s in states if s.get("health")]
+    assert any(h["state"] == "waiting" and "p0 waits for p1" in h["reason"] for h in healths), (
+        healths
+    )
+    assert healths[-1]["state"] != "waiting", healths
+    k.ok("%jaxsys restart", timeout=120)

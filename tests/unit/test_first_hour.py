@@ -95,3 +95,10 @@ def test_only_a_single_percent_line_followed_by_code_is_refused():
         assert single_percent_transformer(kept) == kept
     (refused,) = single_percent_transformer(["%multihost --procs 0\n", "x = 1\n"])
     assert "refuse_single_percent(' --procs 0')" in refused
+
+
+def test_a_wait_for_processes_outside_the_cell_is_a_warning_state():
+    said = health(fake_cluster(("ready", "ready")), waiting="p0 waits for p1")
+    assert (said.state, said.warning) == ("waiting", True)
+    assert said.reason == "p0 waits for p1, which do not run the cell"
+    assert health(fake_cluster(("ready", "ready"))).state == "ready"
