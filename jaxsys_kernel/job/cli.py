@@ -18,6 +18,7 @@ from ..cluster.options import kernelspec_layer
 from ..errors import ConfigError
 from .prepare import job_id, job_setup
 from .program import from_notebook, render
+from .retry import check_retries, run_with_retries
 from .run import run_job
 
 
@@ -31,6 +32,14 @@ def add_parser(sub) -> None:
     job.add_argument("--out", default=None, help="directory for the job (default NOTEBOOK-job/)")
     job.add_argument("--submit", action="store_true", help="run it, and collate its output")
     job.add_argument("--timeout", type=float, default=1800.0, help="seconds the job may take")
+    job.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --submit: run a failed job again, up to N times (the program resumes from "
+        "its own checkpoint, kept in the job's folder)",
+    )
     ClusterConfig.add_arguments(
         job.add_argument_group("cluster options, over the notebook's own %jaxsys start line")
     )
@@ -56,6 +65,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     out = Path(args.out or nb.with_name(nb.stem + "-job")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     try:
+        check_retries(args.retries)
         setup = job_setup(prog, out)
     except ConfigError as e:
         print(f"jaxsys job: {e}", file=sys.stderr)
@@ -86,7 +96,14 @@ def cmd_job(args: argparse.Namespace) -> int:
     print(f"run with: (cd {shlex.quote(str(out))} && {shlex.join(command)})")
     if not args.submit:
         return 0
-    result = run_job(prog, command, out, args.timeout, cancel)
+    result = run_with_retries(
+        lambda: run_job(prog, command, out, args.timeout, cancel), out, args.retries
+    )
+    return _report(result, out)
+
+
+def _report(result, out: Path) -> int:
+    """Print the job's collated log and why it failed, if it did; returns its exit code."""
     print(result.log, end="")
     print(f"jaxsys job: the collated output is in {out / 'job.log'}")
     for index, ranks in result.failures.items():
