@@ -1,8 +1,8 @@
 """A Voilà dashboard's cluster does not outlive its page.
 
 ``voila NB.ipynb`` (as README serves it) with a 2 x 1 cluster, opened in headless chromium:
-the page shows the processes' output; once the page is closed, the kernel and every process
-of its cluster are gone within 2 minutes (Voilà's own shutdown beacon is refused by its
+the page shows the processes' output, and while it stays open its cluster stays; once the
+page is closed, the kernel and every process of its cluster are gone within 2 minutes (Voilà's own shutdown beacon is refused by its
 server, so the kernel ends itself: jaxsys_kernel/kernel/page.py).
 """
 
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from jaxsys_kernel.kernel import page as page_watch
 
 from ..browser import _free_port, available, launch
 from ..harness import TAG_VAR, tagged_processes, wait_no_processes, write_notebook
@@ -38,6 +40,7 @@ CELLS = [
 LOAD_S = 180.0
 # The promise: none of the page's processes is left 2 minutes after it closed.
 GONE_S = 120.0
+PAGE_GRACE_S, PAGE_POLL_S = page_watch.IDLE_S, page_watch.POLL_S
 
 
 def _wait_serving(url: str, server: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -91,6 +94,11 @@ def test_closing_the_page_ends_its_kernel_and_cluster(tag, tmp_path):
                 except psutil.Error:
                     pass
             print(f"a visitor's page: {len(running)} processes, {rss / 2**20:.0f} MiB resident")
+            # An open page keeps its cluster: held open longer than a closed page's grace,
+            # every process is still there.
+            page.wait_for_timeout((PAGE_GRACE_S + 3 * PAGE_POLL_S) * 1000)
+            still = _page_processes(tag, server.pid)
+            assert {p.pid for p in running} <= {p.pid for p in still}, "an open page lost processes"
             page.close(run_before_unload=True)
             closed = time.monotonic()
         deadline = closed + GONE_S
