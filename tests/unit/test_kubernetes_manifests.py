@@ -103,7 +103,8 @@ def test_pod_template_file_gives_image_and_keeps_users_fields(tmp_path):
     assert pod["metadata"]["labels"] == {"team": "ml", WORLD_LABEL: "w"}
     ctr = container(pod)
     assert ctr["image"] == "from-template:2"
-    assert {e["name"]: e["value"] for e in ctr["env"]} == {"USER_VAR": "1", "A": "b"}
+    env = {e["name"]: e["value"] for e in ctr["env"]}
+    assert env == {"USER_VAR": "1", "JAXSYS_NUM_PROCESSES": "2", "A": "b"}
     # The option wins over the template's image.
     ms = world_manifests("w", 2, CMD, {"pod_template": str(tpl), "image": "opt:3"})
     assert container(by_kind(ms)["Job"]["spec"]["template"])["image"] == "opt:3"

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ... import contract
 from ...errors import ConfigError
 from .base import Launcher
 
@@ -284,7 +285,6 @@ def jobset(
                 "name": "JAXSYS_JOB_INDEX",
                 "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}},
             },
-            {"name": "JAXSYS_NUM_PROCESSES", "value": str(nprocs)},
             {"name": "JAX_COORDINATOR_ADDRESS", "value": coordinator},
         ]
     labels = _labels(name, queue)
@@ -354,7 +354,7 @@ def world_manifests(
     port = int(options.get("coordinator_port") or COORDINATOR_PORT)
     given = load_pod_template(options["pod_template"]) if options.get("pod_template") else None
     queue = options.get("queue")
-    all_env = {**(env or {})}
+    all_env = {contract.NUM_PROCESSES: str(nprocs), **(env or {})}
     if port != COORDINATOR_PORT:
         all_env["JAX_COORDINATOR_PORT"] = str(port)
     tpl = pod_template(
@@ -391,10 +391,12 @@ class KubernetesLauncher(Launcher):
     """
 
     name = "kubernetes"
-
-    @classmethod
-    def option_names(cls) -> tuple[str, set[str]]:
-        return f"the {cls.name} launcher", set(OPTIONS)
+    options = OPTIONS
+    # No command-line flags yet: a cluster cannot start on pods from a notebook.
+    # An Indexed Job numbers its pods; a JobSet of several Jobs gets JAXSYS_PROCESS_ID
+    # from the manifests' wrapper, which jaxsys reads first.
+    rank_variables = ("JOB_COMPLETION_INDEX",)
+    size_variables = ()
 
     @classmethod
     def check_options(cls, options) -> None:
