@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -43,8 +44,9 @@ _KILL_WAIT_S = 5.0
 _FIRST_IP, _LAST_IP = 10, 250
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why pods cannot run here, or None when they can."""
+    """Why pods cannot run here, or None when they can (asked once per run)."""
     if shutil.which("unshare") is None or shutil.which("mount") is None:
         return "unshare and mount (util-linux) are needed for pods"
     if os.geteuid() != 0:
@@ -287,7 +289,7 @@ class TestCluster:
             pod.proc = subprocess.Popen(
                 [*cmd, *ctr["command"], *ctr.get("args", [])],
                 env=env,
-                cwd=d,
+                cwd=ctr.get("workingDir") or d,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -333,7 +335,13 @@ class TestCluster:
                 for obj in self.api.list("Pod"):
                     name = obj["metadata"]["name"]
                     if name not in self.pods and obj["status"]["phase"] == "Pending":
-                        self._start(obj)
+                        try:
+                            self._start(obj)
+                        except (OSError, RuntimeError, KeyError) as e:
+                            # As a kubelet does: the pod fails, saying why; others go on.
+                            ns = obj["metadata"]["namespace"]
+                            why = f"the test kubelet cannot start it: {e!r}"
+                            self.api.update_status("Pod", ns, name, phase="Failed", message=why)
                 for pod in list(self.pods.values()):
                     phase = (self.api.get("Pod", *self._key(pod)) or {}).get("status", {})
                     if pod.proc is not None and phase.get("phase") == "Running":

@@ -20,9 +20,6 @@ from tests.k8s_kubelet import TestCluster, unavailable
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(180)]
 
-_WHY = unavailable()
-if _WHY:
-    pytestmark.append(pytest.mark.skip(reason=_WHY))
 
 # What every pod runs: JAX finds the world itself (or, in a JobSet of several Jobs, from
 # the ids and coordinator the launcher gives), then sums one value per process.
@@ -63,6 +60,9 @@ def _free_port() -> int:
 
 @pytest.fixture
 def k8s():
+    why = unavailable()
+    if why:
+        pytest.skip(why)
     cluster = TestCluster()
     try:
         yield cluster
@@ -216,3 +216,23 @@ def test_a_job_without_its_subdomain_gets_jaxs_own_fix(k8s, client):
     assert "subdomain: w" in log
     job = k8s.api.get("Job", "default", "w")
     assert job["status"]["conditions"][0]["reason"] == "BackoffLimitExceeded"
+
+
+def test_a_pod_the_kubelet_cannot_start_fails_saying_why(k8s, client):
+    _, manifests = world(1, {})
+    for m in manifests:
+        if m["kind"] == "Job":
+            ctr = m["spec"]["template"]["spec"]["containers"][0]
+            ctr["volumeMounts"][0]["mountPath"] = "/opt/creds"
+    apply(client, manifests)
+    deadline = time.monotonic() + 30
+    pods = []
+    while time.monotonic() < deadline:
+        pods = k8s.api.list("Pod", "default")
+        if pods and pods[0]["status"]["phase"] == "Failed":
+            break
+        time.sleep(0.1)
+    [pod] = pods
+    assert pod["status"]["phase"] == "Failed"
+    assert "mounts Secret volumes under /run" in pod["status"]["message"]
+    assert not list(k8s.processes())

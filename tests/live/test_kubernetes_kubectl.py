@@ -14,13 +14,12 @@ from tests.k8s_kubelet import TestCluster, unavailable
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(120)]
 
-_WHY = unavailable() or (None if shutil.which("kubectl") else "kubectl is not installed")
-if _WHY:
-    pytestmark.append(pytest.mark.skip(reason=_WHY))
-
 
 @pytest.fixture
 def kubectl(tmp_path):
+    why = unavailable() or (None if shutil.which("kubectl") else "kubectl is not installed")
+    if why:
+        pytest.skip(why)
     cluster = TestCluster()
     env = {
         "KUBECONFIG": str(cluster.api.kubeconfig(tmp_path / "kubeconfig")),
