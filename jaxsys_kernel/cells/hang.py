@@ -130,6 +130,7 @@ class HangPolicy:
         if any(report.waiting_in_jax(stacks, ranks)):
             self.broken = broken_reason(ranks)
             self.say(
-                f"jaxsys: interrupting {format_procs(ranks)} while they wait inside JAX; "
+                f"jaxsys: interrupting {format_procs(ranks)} while "
+                f"{'it waits' if len(ranks) == 1 else 'they wait'} inside JAX; "
                 "the JAX world is now out of step: run %jaxsys restart."
             )

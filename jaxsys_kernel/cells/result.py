@@ -105,7 +105,8 @@ class MultihostError(CellError):
 
     def _render_traceback_(self) -> list[str]:
         lines = render_errors(self.run, cell_number=self.cell_number, verbose=self.verbose)
-        return lines + [str(self)]
+        # Named, as Python names an exception: MultihostHang is what the reader looks for.
+        return lines + [f"{type(self).__name__}: {self}"]
 
 
 class MultihostInterrupt(KeyboardInterrupt):

@@ -113,7 +113,8 @@ def start(session, args: argparse.Namespace) -> None:
     session.thread_guard = args.thread_guard
     if args.explain:
         cluster = session.require_cluster()
-        print(explain(cluster.processes, cluster.security))
+        # The security line was printed by the start itself, just above.
+        print(explain(cluster.processes))
 
 
 @magic_arguments("jaxsys stop")

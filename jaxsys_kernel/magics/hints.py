@@ -13,6 +13,13 @@ from collections.abc import Collection, Sequence
 
 from .._ranges import format_procs
 
+#: JAX's words when a process asks for the values of an array spanning processes.
+NON_ADDRESSABLE = "spans non-addressable"
+PULL_HINT = (
+    "this array spans processes, so no one process holds its values; %pull NAME (in a cell "
+    "of its own) brings the whole array to the kernel, or "
+    "multihost_utils.process_allgather(x) gathers it on every process"
+)
 #: Names remembered at most (the oldest are forgotten first).
 REMEMBERED = 5000
 _UNDEFINED = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
@@ -77,12 +84,18 @@ class PartialNames:
         )
 
     def explain_run(self, run) -> None:
-        """Add the hint to each ``NameError`` in ``run`` that a partial cell explains."""
+        """Add a hint to each error in ``run`` whose own words mislead: a ``NameError`` a
+        partial cell explains, or JAX refusing to fetch an array spanning processes."""
         for rank in run.procs:
             error = run.results[rank].error
-            if not error or error.get("ename") != "NameError":
+            if not error:
                 continue
-            said = self.hint(rank, str(error.get("evalue", "")))
+            evalue = str(error.get("evalue", ""))
+            said = None
+            if error.get("ename") == "NameError":
+                said = self.hint(rank, evalue)
+            elif NON_ADDRESSABLE in evalue:
+                said = PULL_HINT
             if said:
                 # After the traceback, whose last line is Python's own words.
                 error["traceback"] = [*(error.get("traceback") or []), f"jaxsys: {said}"]

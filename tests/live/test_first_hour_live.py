@@ -189,3 +189,29 @@ def test_a_cell_waiting_for_processes_that_do_not_run_it_says_so_within_5_s(k):
     )
     assert healths[-1]["state"] != "waiting", healths
     k.ok("%jaxsys restart", timeout=120)
+
+
+def test_fetching_an_array_that_spans_processes_suggests_pull(k):
+    k.ok(SETUP)
+    out = k.execute(
+        "%%multihost\ndevices = jax.devices()\n"
+        + COLLECTIVE.replace('print("sum", float(jax.jit(jnp.sum)(a)))', "np.asarray(a)")
+    )
+    assert out.status == "error", out
+    shown = "\n".join(out.error["traceback"])
+    assert "jaxsys: this array spans processes" in shown and "%pull NAME" in shown, shown
+
+
+def test_a_hang_is_reported_by_name(k):
+    out = k.execute(
+        "%%multihost --grace 2\n"
+        "from jax.experimental import multihost_utils\n"
+        "if jax.process_index() == 1:\n"
+        "    raise OSError('no batch here')\n"
+        "multihost_utils.sync_global_devices('step')\n",
+        timeout=60,
+    )
+    assert out.status == "error" and out.error["ename"] == "MultihostHang", out.error
+    assert out.error["traceback"][-1].startswith("MultihostHang: OSError on p1"), out.error
+    assert "jaxsys: interrupting p0\n" in out.stderr, out.stderr
+    k.ok("%jaxsys restart", timeout=120)

@@ -100,4 +100,5 @@ def test_start_options_reach_the_session(shell, capsys):
     shell.run_line_magic("jaxsys", "start --hosts 1 --no-recoverability --explain")
     assert fake.kwargs["recoverable"] is False
     out = capsys.readouterr().out
-    assert out.startswith("# security: mTLS (fake)") and "process_id=0," in out
+    # The start prints the security line; the explanation does not repeat it.
+    assert "security" not in out and "process_id=0," in out

@@ -102,3 +102,16 @@ def test_a_wait_for_processes_outside_the_cell_is_a_warning_state():
     assert (said.state, said.warning) == ("waiting", True)
     assert said.reason == "p0 waits for p1, which do not run the cell"
     assert health(fake_cluster(("ready", "ready"))).state == "ready"
+
+
+def test_interrupting_one_process_inside_jax_is_said_in_the_singular():
+    from jaxsys_kernel.cells.hang import HangPolicy
+
+    from .test_cellrun import DIVERGENCE_DUMP, Stacks
+
+    said: list[str] = []
+    HangPolicy("interrupt", Stacks({0: DIVERGENCE_DUMP}), say=said.append).interrupting([0])
+    assert said == [
+        "jaxsys: interrupting p0 while it waits inside JAX; the JAX world is now out of "
+        "step: run %jaxsys restart."
+    ]
