@@ -363,7 +363,9 @@ class LabKernel:
         assert r.status_code == 201, f"{r.status_code} {r.text}"
         self.id = r.json()["id"]
         ws_url = self.base.replace("http://", "ws://") + f"/kernels/{self.id}/channels"
-        self.ws = websocket.create_connection(ws_url, header=self.headers, timeout=5)
+        # The server answers the handshake once the kernel is up (its imports take seconds).
+        self.ws = websocket.create_connection(ws_url, header=self.headers, timeout=120)
+        self.ws.settimeout(5)
         self.session = uuid.uuid4().hex
 
     def execute(self, code: str, timeout: float = 120.0) -> tuple[str, str | None]:
