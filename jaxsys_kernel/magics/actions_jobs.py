@@ -207,6 +207,7 @@ def attach(session, args: argparse.Namespace) -> None:
         %jaxsys attach --name big-run
     """
     # The launchers that start engines in a running job: those with an allocation kind.
+    # Asked first: loading the launchers registers the allocation kinds a saved job names.
     able = names_where(_attaches)
     options: dict[str, Any] = {}
     try:
