@@ -48,8 +48,6 @@ def default_register_timeout(nprocs: int) -> float:
 # Read when no standby size is given (the kernelspec may set it).
 STANDBY_VARIABLE = "JAXSYS_STANDBY"
 
-_SCHEDULER = "launcher_options"
-
 
 @dataclass
 class ClusterConfig:

@@ -138,8 +138,12 @@ def stop_note(cluster) -> str | None:
     job_id = config.launcher_options.get("job_id") if config is not None else None
     if not job_id:
         return None
+    try:
+        job = launcher_class(config.launcher).job_allocation(job_id).describe_job()
+    except ConfigError:  # a launcher that takes a job_id of its own meaning
+        return None
     return (
-        f"jaxsys: Slurm job {job_id} keeps running (the cluster was attached to it): "
+        f"jaxsys: {job} keeps running (the cluster was attached to it): "
         f"%jaxsys attach reuses it; scancel {job_id} gives it back"
     )
 

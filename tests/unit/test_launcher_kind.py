@@ -124,3 +124,14 @@ def test_a_job_is_attached_to_through_its_launchers_allocation():
         SlurmLauncher.job_allocation("12; rm")
     with pytest.raises(ConfigError, match="the local launcher has no job to attach to"):
         LocalLauncher.job_allocation("12")
+
+
+def test_a_stop_names_the_job_it_leaves_through_its_launcher():
+    from types import SimpleNamespace
+
+    from jaxsys_kernel.magics.actions_jobs import stop_note
+
+    attached = ClusterConfig(hosts=2, launcher="slurm", launcher_options={"job_id": "12"})
+    note = stop_note(SimpleNamespace(config=attached))
+    assert note.startswith("jaxsys: Slurm job 12 keeps running (the cluster was attached")
+    assert stop_note(SimpleNamespace(config=ClusterConfig(hosts=2))) is None
