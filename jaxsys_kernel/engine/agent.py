@@ -26,6 +26,10 @@ ENV_SERVER_KEY = contract.TELEMETRY_KEY
 ENV_INCARNATION = contract.INCARNATION
 ENV_INTERVAL = contract.HEARTBEAT_INTERVAL
 
+# Broken sockets replaced before telemetry gives up for this process: each costs a socket
+# and a key pair, so a cell closing them in a loop cannot make the agent grow without bound.
+MAX_REOPENS = 100
+
 # The early-init thread starts the agent while the main thread may be connecting it.
 _agent_lock = threading.Lock()
 
@@ -64,18 +68,26 @@ class Agent:
         self.sent = 0
         self.dropped = 0
         self._zmq = zmq
+        self._address = address
+        self._server_key = server_key
+        # Times the socket was found broken and opened again (closed by cell code, a
+        # context torn down): telemetry is never worth failing a cell or a compile for.
+        self.reopened = 0
+        self._sock = self._open()
+        self._thread = threading.Thread(target=self._beat, name="jaxsys-telemetry", daemon=True)
+
+    def _open(self):
         sock = zmq.Context.instance().socket(zmq.PUSH)
         sock.linger = 0
         # A bounded queue: a kernel that stops reading costs dropped events, never a stall.
         sock.sndhwm = 10_000
-        if server_key:
+        if self._server_key:
             public, secret = zmq.curve_keypair()
-            sock.curve_serverkey = server_key.encode("ascii")
+            sock.curve_serverkey = self._server_key.encode("ascii")
             sock.curve_publickey = public
             sock.curve_secretkey = secret
-        sock.connect(address)
-        self._sock = sock
-        self._thread = threading.Thread(target=self._beat, name="jaxsys-telemetry", daemon=True)
+        sock.connect(self._address)
+        return sock
 
     def start(self) -> Agent:
         """Register the JAX listeners and start the heartbeat thread."""
@@ -109,6 +121,26 @@ class Agent:
                 self.sent += 1
             except self._zmq.Again:
                 self.dropped += 1
+            except self._zmq.ZMQError:
+                # The socket is gone (closed from a cell, say): this event is lost, the
+                # next one goes through a new socket. Raising here would fail the cell
+                # or the compile whose hook or listener is sending.
+                self.dropped += 1
+                self._reopen()
+
+    def _reopen(self) -> None:
+        if self.reopened >= MAX_REOPENS:
+            self._stop.set()  # the link cannot be mended: telemetry stops, the engine goes on
+            return
+        self.reopened += 1
+        try:
+            self._sock.close(linger=0)
+        except self._zmq.ZMQError:
+            pass
+        try:
+            self._sock = self._open()
+        except self._zmq.ZMQError:
+            self._stop.set()
 
     def _on_event(self, event: str, **kwargs) -> None:
         self.send(schema.MONITORING, name=event, **_plain(kwargs))
