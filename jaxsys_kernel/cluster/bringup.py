@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from collections.abc import Sequence
 
@@ -74,10 +75,22 @@ def launcher_failure(world, rank: int) -> str | None:
 def controller_failure(world) -> str | None:
     """Why the ipyparallel controller is no longer running, or None if it is."""
     ipp = world.ipp
-    ctl = ipp.controller if ipp is not None else None
-    if ctl is not None and getattr(ctl, "state", "") == "after":
-        return f"the ipyparallel controller exited early; its output ends with:\n{output_tail(ctl)}"
-    return None
+    ctl = getattr(ipp, "controller", None)
+    if ctl is None or getattr(ctl, "state", "") != "after":
+        return None
+    code = (getattr(ctl, "stop_data", None) or {}).get("exit_code")
+    who = f"the ipyparallel controller (pid {getattr(ctl, 'pid', '?')})"
+    if isinstance(code, int) and code < 0:
+        # Killed from outside: its log is ordinary traffic and says nothing of why.
+        try:
+            how = signal.Signals(-code).name
+        except ValueError:
+            how = f"signal {-code}"
+        return (
+            f"{who} was killed by {how}; no engine can join without it: "
+            "start a new cluster with %jaxsys start"
+        )
+    return f"{who} exited (code {code}); its output ends with:\n{output_tail(ctl)}"
 
 
 # -- the controller and its companions ---------------------------------------------------------

@@ -25,6 +25,7 @@ import psutil
 
 from ..engine.registry import engine_module
 from ..errors import ConfigError
+from .bringup import controller_failure
 from .launchers.registry import describe, names_where
 from .teardown import pid_alive, sub_launchers
 
@@ -271,7 +272,12 @@ class Standby:
             self._drop_dead(world)
             have = [r for r in ranks if r in self.spares]
             ready = self.registered(world) & set(have)
-            done = len(ready) == len(have) or time.monotonic() > deadline
+            # Without a controller a booting engine can never register: nothing to wait for.
+            done = (
+                len(ready) == len(have)
+                or time.monotonic() > deadline
+                or controller_failure(world) is not None
+            )
             if waited or not done:
                 # Shown only when there is something to wait for.
                 report("standby processes ready", len(ready), len(have))
