@@ -99,7 +99,14 @@ class Parameters:
             for p in cluster.processes
             if p.state == "ready" and p.engine_id is not None
         }
-        wanting = {r: ident for r, ident in wanting.items() if ident not in self.delivered}
+        # A process still busy with an earlier cell would hold the push (and this cell) up:
+        # it gets the values before a later cell, once it is free.
+        busy = getattr(self.session, "still_running", set())
+        wanting = {
+            r: ident
+            for r, ident in wanting.items()
+            if ident not in self.delivered and r not in busy
+        }
         if not wanting:
             return
         ranks = sorted(wanting)
