@@ -226,7 +226,7 @@ class ClusterConfig:
         "ssh, remote_python defaults to this Python's path. Each launcher declares its "
         "settings and the flags that type them (--partition, --ssh-arg, --hostfile...).",
         doc_type="mapping",
-        gather=lambda: launcher_flags(_CORE_FLAGS),
+        gather=lambda: launcher_flags(CORE_FLAGS),
     )
     standby: int | None = option(
         None,
@@ -420,7 +420,7 @@ class ClusterConfig:
         """Add a flag for every option typed on command lines to ``parser``; a launcher's
         flag that the command has already (for itself) is left out, with a warning."""
         for flag, kwargs in opts.flag_arguments(cls):
-            if flag not in _CORE_FLAGS and flag in parser._option_string_actions:
+            if flag not in CORE_FLAGS and flag in parser._option_string_actions:
                 log.warning("the launcher flag %s is left out: %s has its own", flag, parser.prog)
                 continue
             parser.add_argument(flag, **kwargs)
@@ -432,7 +432,7 @@ class ClusterConfig:
 
 
 # The flags of the options declared above: a launcher may not declare one of them again.
-_CORE_FLAGS = frozenset(fl.flag for f in opts.declared(ClusterConfig) for fl in f.metadata["flags"])
+CORE_FLAGS = frozenset(fl.flag for f in opts.declared(ClusterConfig) for fl in f.metadata["flags"])
 
 ClusterConfig.__doc__ += textwrap.indent(
     f"\n{opts.parameters_doc(ClusterConfig)}\n\nRaises\n------\nConfigError\n"

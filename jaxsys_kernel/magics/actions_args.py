@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from IPython.core.error import UsageError
@@ -17,10 +18,12 @@ from IPython.utils.process import arg_split
 from IPython.utils.text import DollarFormatter
 
 from .._ranges import parse_procs
-from ..cluster.config import ClusterConfig
+from ..cluster.config import CORE_FLAGS, ClusterConfig
 from ..cluster.options import flag_arguments, pairs
 from ..cluster.options import seconds as seconds  # the magics' seconds are the options' own
 from ..errors import ConfigError
+
+log = logging.getLogger("jaxsys.magics")
 
 # Longest magic line accepted. A real line is a few hundred characters (a long ssh host
 # list is under 2 KB); IPython's ``$var`` / ``{expr}`` expansion is quadratic in the
@@ -140,8 +143,14 @@ def processes(session, process: str | None, procs: str | None, magic: str) -> li
 
 def cluster_arguments(func: Callable) -> Callable:
     """Add a flag for every cluster option :class:`ClusterConfig` declares to a
-    ``magic_arguments`` function (place it first among its ``@argument`` lines)."""
+    ``magic_arguments`` function (place it first among its ``@argument`` lines); a
+    launcher's flag that the magic has already is left out, with a warning."""
+    own = {a for d in getattr(func, "decorators", ()) for a in getattr(d, "args", ())}
     for flag, kwargs in reversed(flag_arguments(ClusterConfig)):
+        if flag in own and flag not in CORE_FLAGS:
+            # A plug-in launcher's flag must not break the magic.
+            log.warning("the launcher flag %s is left out: the magic has its own", flag)
+            continue
         func = argument(flag, **kwargs)(func)
     return func
 

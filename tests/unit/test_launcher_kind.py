@@ -135,3 +135,22 @@ def test_a_stop_names_the_job_it_leaves_through_its_launcher():
     note = stop_note(SimpleNamespace(config=attached))
     assert note.startswith("jaxsys: Slurm job 12 keeps running (the cluster was attached")
     assert stop_note(SimpleNamespace(config=ClusterConfig(hosts=2))) is None
+
+
+def test_a_launcher_flag_a_magic_has_already_is_left_out(monkeypatch, caplog):
+    from IPython.core.magic_arguments import argument, magic_arguments
+
+    from jaxsys_kernel.magics.actions_args import cluster_arguments
+
+    flags = (*registry.launcher_flags(), Flag("--explain", "clashes with the magic's", {}, "x"))
+    monkeypatch.setattr("jaxsys_kernel.cluster.config.launcher_flags", lambda r=(): flags)
+
+    def start(session, args):
+        """A magic with a flag of its own."""
+
+    with caplog.at_level(logging.WARNING, logger="jaxsys.magics"):
+        magic = magic_arguments("m")(
+            cluster_arguments(argument("--explain", action="store_true")(start))
+        )
+    assert magic.parser.parse_args(["--explain", "--partition", "p"]).explain is True
+    assert "the launcher flag --explain is left out: the magic has its own" in caplog.text
