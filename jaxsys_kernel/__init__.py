@@ -127,7 +127,17 @@ def __getattr__(name):
     )
 
 
-_SUBPACKAGES = ("data", "engine", "widgets", "cluster", "cells", "telemetry", "magics", "errors")
+_SUBPACKAGES = (
+    "data",
+    "engine",
+    "widgets",
+    "cluster",
+    "cells",
+    "telemetry",
+    "magics",
+    "errors",
+    "examples",
+)
 
 
 def load_ipython_extension(ipython):

@@ -218,6 +218,17 @@ EXPECTED = {
         # --explain: the transfer socket as the plain-JAX line each process ran
         "jax.config.update('jax_cross_host_transfer_socket_address', '127.0.0.1:",
     ],
+    "10-train-through-failures.ipynb": [
+        "[p0-1] mesh {'data': 2, 'model': 2}",
+        "[p0-1] reference: step 12 fingerprint ",
+        # the kill, its retry and the resumed run
+        "jaxsys: --retries: process 1 died",
+        "world restarted in ",
+        "bitwise equal: True",
+        # the preemption notice: sent, and the same step saved on both processes
+        "jaxsys: sent SIGTERM to process 1: a preemption notice.",
+        "[p0-1] preempted: True | saved step ",
+    ],
     "04-security.ipynb": [
         "did it join? False",
         "connection(s) from 127.0.0.1: it hung up during the handshake",

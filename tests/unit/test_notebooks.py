@@ -33,6 +33,11 @@ EXPLAINED = {
         ("the result is not what either computed", "the result is not what either computed"),
         ("these processes will wait for each other", "that they wait for each other"),
     ],
+    "10-train-through-failures.ipynb": [
+        ("jaxsys: interrupting", "the hang doctor reports that and interrupts"),
+        ("jaxsys: --retries:", "restarts the world and sends the cell again"),
+        ("jaxsys: the cell ended ok on retry", "restarts the world and sends the cell again"),
+    ],
 }
 
 
