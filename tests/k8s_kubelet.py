@@ -80,6 +80,18 @@ def _resolve_env(pod: dict[str, Any], ctr: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def _container_status(pod: dict[str, Any], terminated: dict[str, Any]) -> dict[str, Any]:
+    ctr = pod["spec"]["containers"][0]
+    return {
+        "name": ctr["name"],
+        "image": ctr.get("image", ""),
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
+
+
 class Pod:
     """One running pod: its directory and its process."""
 
@@ -307,7 +319,7 @@ class TestCluster:
             ns,
             pod.name,
             phase=phase,
-            containerStatuses=[{"name": "engine", "state": {"terminated": term}}],
+            containerStatuses=[_container_status(pod.obj, term)],
         )
         job_name = pod.obj["metadata"]["labels"].get("job-name")
         job = job_name and self.api.get("Job", ns, job_name)

@@ -281,6 +281,10 @@ def test_the_action_table():
         "--sbatch-arg",
         "--ssh-arg",
         "--hostfile",
+        # The kubernetes launcher's pods.
+        "--image",
+        "--namespace",
+        "--pod-template",
         # Every other option ClusterConfig declares a flag for.
         "--register-timeout",
         "--addresses",

@@ -23,12 +23,14 @@ import base64
 import copy
 import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ... import contract
 from ...errors import ConfigError
+from ..options import Flag
 from .base import Launcher
 
 try:
@@ -47,6 +49,7 @@ OPTIONS = {
     "resources": "the container's resources, e.g. {'limits': {'nvidia.com/gpu': 8}}",
     "queue": "a Kueue LocalQueue name; the world is then admitted as one gang",
     "coordinator_port": "the port process 0 serves the coordination service on (default 55527)",
+    "python": "the image's Python, which runs a jaxsys job's program (default 'python3')",
 }
 KINDS = ("job", "jobset")
 #: JAX's coordinator port on Kubernetes when ``JAX_COORDINATOR_PORT`` is not set.
@@ -392,7 +395,16 @@ class KubernetesLauncher(Launcher):
 
     name = "kubernetes"
     options = OPTIONS
-    # No command-line flags yet: a cluster cannot start on pods from a notebook.
+    flags = (
+        Flag("--image", "Kubernetes: the pods' container image", {"metavar": "IMAGE"}, "image"),
+        Flag("--namespace", "Kubernetes: the world's namespace", {"metavar": "NS"}, "namespace"),
+        Flag(
+            "--pod-template",
+            "Kubernetes: a YAML or JSON pod template file to start from",
+            {"metavar": "FILE"},
+            "pod_template",
+        ),
+    )
     # An Indexed Job numbers its pods; a JobSet of several Jobs gets JAXSYS_PROCESS_ID
     # from the manifests' wrapper, which jaxsys reads first.
     rank_variables = ("JOB_COMPLETION_INDEX",)
@@ -407,6 +419,15 @@ class KubernetesLauncher(Launcher):
 
     def make_allocation(self) -> None:
         return None
+
+    @classmethod
+    def batch_job(cls, program, nprocs, out_dir, options):
+        # The runner makes the world when it runs (its name is new each time), waits for
+        # its pods, writes their logs as p<i>.out and deletes it.
+        own = {k: v for k, v in options.items() if k in OPTIONS}
+        world_manifests("check", nprocs, ["python"], own)  # bad options fail now, not later
+        runner = "jaxsys_kernel.cluster.launchers.kubernetes_job"
+        return {}, [sys.executable, "-m", runner, str(nprocs), json.dumps(own), str(program)]
 
     def manifests(
         self,

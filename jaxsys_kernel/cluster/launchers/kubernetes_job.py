@@ -1,0 +1,152 @@
+"""``jaxsys job --launcher kubernetes``: run a job's program as one Kubernetes world.
+
+``python -m jaxsys_kernel.cluster.launchers.kubernetes_job N OPTIONS PROGRAM``, run in the
+job's folder: writes the world's manifests to ``world.yaml``, creates them (with the
+kubeconfig of ``$KUBECONFIG``, ``~/.kube/config``, or the pod's service account), waits
+until every pod has ended, writes pod *i*'s log to ``p<i>.out`` and deletes the world,
+also when it is stopped (SIGTERM, SIGINT). The pods run ``<python> <PROGRAM>`` in this
+folder, so the folder must be at the same path in the pods (a shared volume in the pod
+template).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import JaxsysError
+from .kubernetes import JOB_INDEX_LABEL, WORLD_LABEL, dump, world_manifests, world_name
+
+POLL_S = 0.5
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+_DONE = ("Succeeded", "Failed")
+
+
+class Stopped(JaxsysError):
+    """SIGTERM or SIGINT arrived."""
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _rank(pod, per_job: int) -> int:
+    labels = pod.metadata.labels or {}
+    return int(labels.get(JOB_INDEX_LABEL, 0)) * per_job + int(labels[INDEX_LABEL])
+
+
+def _create(api_client, manifests: list[dict[str, Any]]) -> None:
+    from kubernetes import client, utils  # Deferred: the kubernetes extra, only for a job
+
+    for m in manifests:
+        if m["kind"] == "JobSet":
+            group, version = m["apiVersion"].split("/")
+            ns = m["metadata"]["namespace"]
+            client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+                group, version, ns, "jobsets", m
+            )
+        else:
+            utils.create_from_dict(api_client, m)
+
+
+def _delete(api_client, manifests: list[dict[str, Any]]) -> None:
+    """Delete every object (its pods with it), those already gone too."""
+    from kubernetes import client  # Deferred: as in _create
+
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    for m in reversed(manifests):
+        name, ns, kind = m["metadata"]["name"], m["metadata"]["namespace"], m["kind"]
+        try:
+            if kind == "Job":
+                batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")
+            elif kind == "JobSet":
+                group, version = m["apiVersion"].split("/")
+                custom.delete_namespaced_custom_object(group, version, ns, "jobsets", name)
+            elif kind == "Service":
+                core.delete_namespaced_service(name, ns)
+            elif kind == "Secret":
+                core.delete_namespaced_secret(name, ns)
+        except client.exceptions.ApiException as e:
+            if e.status != 404:
+                print(f"jaxsys job: could not delete {kind} {name}: {e.reason}", file=sys.stderr)
+
+
+def _wait_and_collect(api_client, name: str, ns: str, nprocs: int, per_job: int) -> int:
+    """Wait until the world's pods have ended; write their logs; the job's exit code."""
+    from kubernetes import client  # Deferred: as in _create
+
+    core = client.CoreV1Api(api_client)
+    while True:
+        pods = core.list_namespaced_pod(ns, label_selector=f"{WORLD_LABEL}={name}").items
+        if len(pods) >= nprocs and all(p.status.phase in _DONE for p in pods):
+            break
+        time.sleep(POLL_S)
+    code = 0
+    for pod in pods:
+        log = core.read_namespaced_pod_log(pod.metadata.name, ns)
+        Path(f"p{_rank(pod, per_job)}.out").write_text(log)
+        if pod.status.phase != "Succeeded":
+            code = 1
+    return code
+
+
+def run(nprocs: int, options: dict[str, Any], program: str) -> int:
+    """Make, run and delete the world; returns 0 when every process succeeded."""
+    from kubernetes import config  # Deferred: as in _create
+
+    name = world_name(f"job-{secrets.token_hex(3)}")
+    command = [options.get("python") or "python3", os.path.abspath(program)]
+    manifests = world_manifests(name, nprocs, command, options)
+    for m in manifests:
+        spec = m["spec"] if m["kind"] == "Job" else None
+        if m["kind"] == "JobSet":
+            spec = m["spec"]["replicatedJobs"][0]["template"]["spec"]
+        if spec is not None:
+            spec["template"]["spec"]["containers"][0]["workingDir"] = os.getcwd()
+    Path("world.yaml").write_text(dump(manifests))
+    api_client = config.new_client_from_config() if _has_kubeconfig() else None
+    if api_client is None:
+        config.load_incluster_config()
+        from kubernetes import client  # Deferred: as in _create
+
+        api_client = client.ApiClient()
+    per_job = nprocs // int(options.get("replicas", 1))
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _create(api_client, manifests)
+        return _wait_and_collect(
+            api_client, name, manifests[0]["metadata"]["namespace"], nprocs, per_job
+        )
+    except Stopped as e:
+        print(f"jaxsys job: stopped by {e}; deleting world {name}", file=sys.stderr)
+        return 143
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        _delete(api_client, manifests)
+
+
+def _has_kubeconfig() -> bool:
+    return bool(os.environ.get("KUBECONFIG")) or Path("~/.kube/config").expanduser().exists()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print(
+            "usage: python -m jaxsys_kernel.cluster.launchers.kubernetes_job N OPTIONS PROGRAM",
+            file=sys.stderr,
+        )
+        return 2
+    return run(int(args[0]), json.loads(args[1]), args[2])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""``jaxsys job --launcher kubernetes --submit`` against the hermetic test cluster: the
+program runs as an Indexed Job's pods (JAX's own detection joins them) and the collated log
+is the one a local job writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.k8s_kubelet import TestCluster, unavailable
+
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+CELLS = [
+    "%jaxsys start --hosts 2 --devices-per-host 1",
+    "%%multihost\nimport jax, jax.numpy as jnp\n"
+    "total = jax.pmap(lambda x: jax.lax.psum(x, 'i'), axis_name='i')("
+    "jnp.array([jax.process_index() + 1.0]))\n"
+    "print('process', jax.process_index(), 'of', jax.process_count(), 'sum', float(total[0]))",
+]
+
+
+def _notebook(path: Path, cells) -> Path:
+    nb = {
+        "cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": []} for c in cells],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def _job(*args: str, env=None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jaxsys_kernel.cli", "job", *args, "--submit"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=env,
+    )
+
+
+@pytest.fixture
+def k8s(monkeypatch):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    # The pods run "python3" from PATH: this interpreter's, as an image's would be its own.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cluster = TestCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not list(cluster.processes())
+
+
+def test_a_job_on_pods_collates_as_it_does_locally(k8s, tmp_path):
+    nb = _notebook(tmp_path / "sum.ipynb", CELLS)
+    local = _job(str(nb), "--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr + local.stdout
+    env = {**os.environ, "KUBECONFIG": str(k8s.api.kubeconfig(tmp_path / "kubeconfig"))}
+    out = tmp_path / "k8s"
+    r = _job(str(nb), "--launcher", "kubernetes", "--image", "img", "--out", str(out), env=env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    want = (tmp_path / "local" / "job.log").read_text()
+    assert "[p0] process 0 of 2 sum 3.0\n" in want
+    assert (out / "job.log").read_text() == want
+    # The world was made from the manifests left for the user, and deleted afterwards.
+    assert "kind: Job" in (out / "world.yaml").read_text()
+    assert k8s.api.list("Pod", "default") == [] and k8s.api.list("Job", "default") == []
+    assert k8s.api.list("Secret", "default") == [] and k8s.api.list("Service", "default") == []
