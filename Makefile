@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(PY) bench/dispatch.py
 	$(PY) bench/bringup.py
 	$(PY) bench/faults.py
-	for b in collation telemetry_overhead sharding_scale refusals hostile compile_cache data_loading divergence profile launchers scale telemetry_scale; do [ ! -f bench/$$b.py ] || $(PY) bench/$$b.py; done
+	for b in collation telemetry_overhead sharding_scale refusals hostile compile_cache data_loading divergence profile launchers scale telemetry_scale chaos; do [ ! -f bench/$$b.py ] || $(PY) bench/$$b.py; done
 
 # The course site: every notebook executed with the jaxsys kernel, rendered to build/site/html.
 docs: $(STAMP)

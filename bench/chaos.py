@@ -1,0 +1,360 @@
+"""Fault injection in loops: what dies, whether the world survives it or says so, and what is
+left behind, through a real kernel.
+
+What is measured, in one run
+----------------------------
+1. **Helpers.** On a 2-process local cluster with one standby engine, ``--rounds`` times
+   each: SIGKILL to a standby engine, the fork server and the ipyparallel controller, and a
+   telemetry agent's socket closed from a cell. A fault is *survived* when the next cell
+   works without a restart, *reported* when a cell or the restart fails with words naming
+   what died and what to do (and the restart then works), *failed* otherwise.
+2. **Kernel SIGKILL, local** (``--kernel-kills``, 100 by default), idle and during a cell
+   in turn: seconds until no process of the kernel is left, and what is left after 15 s
+   (processes, ``jaxsys-profile-<pid>-*`` / ``jaxsys-fork-<pid>-*`` directories, new
+   ``jaxsys-trace-*`` directories).
+3. **Kernel SIGKILL, Slurm** (``--slurm-kills``, 20 by default) on the private Slurm of
+   the test suite (tests/slurm.py; skipped, saying why, where it cannot run): in turn a
+   running cluster, and an allocation kept with ``%jaxsys stop --keep-allocation``, then
+   attached to again from a restarted kernel inside its lease (the reattach time), kept
+   again, and the kernel killed. After the lease's TTL + 5 s: jobs in the queue, processes
+   here and on the hosts, directories.
+
+Usage: ``python bench/chaos.py [--rounds 3] [--kernel-kills 100] [--slurm-kills 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jaxsys_kernel import contract  # noqa: E402
+from jaxsys_kernel.cluster.launchers.forks import SOCKET_DIR_PREFIX  # noqa: E402
+from tests.harness import Kernel, new_tag, tagged_engines, wait_no_processes  # noqa: E402
+
+START = "%jaxsys start --hosts 2 --devices-per-host 1 --standby {standby}"
+RANKS = "%%multihost\nimport jax\nprint('rank', jax.process_index())"
+SLEEPING = "%%multihost\nimport time\nprint('started', flush=True)\ntime.sleep(60)"
+LEFT_AFTER_S = 15.0
+WAIT_S = 60.0
+TMP = Path(tempfile.gettempdir())
+
+
+def load() -> str:
+    return "load average (1, 5, 15 min): {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def dirs_of(pid: int) -> list[Path]:
+    """The kernel ``pid``'s profile and fork-socket directories."""
+    found: list[Path] = []
+    for base in {TMP, Path("/tmp")}:
+        for prefix in (contract.PROFILE_PREFIX, SOCKET_DIR_PREFIX):
+            found += base.glob(f"{prefix}{pid}-*")
+    return found
+
+
+def traces() -> set[Path]:
+    return set(TMP.glob("jaxsys-trace-*"))
+
+
+def wait_for(cond, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    return None
+
+
+def said(out) -> str:
+    return (out.error or {}).get("evalue", "") + out.stderr
+
+
+def kernel_side(k: Kernel, expr: str):
+    """``expr`` evaluated in the kernel, ``c`` being its cluster (None when it fails)."""
+    out = k.execute(
+        f"import json as _j\nc = get_ipython()._jaxsys_session.cluster\nprint(_j.dumps({expr}))",
+        timeout=WAIT_S,
+    )
+    if out.status != "ok":
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cell_under_way(k: Kernel, code: str = SLEEPING) -> str:
+    """Send ``code``; return its message id once both processes have printed 'started'."""
+    msg_id = k.kc.execute(code)
+    seen = ""
+    deadline = time.monotonic() + WAIT_S
+    while "started" not in seen and time.monotonic() < deadline:
+        msg = k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen += msg["content"]["text"]
+    return msg_id
+
+
+# -- helpers killed -------------------------------------------------------------------------
+
+
+def kill_standby(k: Kernel) -> tuple[str, str]:
+    pids = wait_for(
+        lambda: kernel_side(k, "c.standby_status()['ready'] and c.world.standby.pids(c.world)")
+    )
+    for pid in pids or ():
+        os.kill(pid, signal.SIGKILL)
+    return "standby engine", ""
+
+
+def close_agent(k: Kernel) -> tuple[str, str]:
+    out = k.execute(
+        "%%multihost\nfrom jaxsys_kernel.engine.state import STATE\nSTATE.agent._sock.close()"
+    )
+    return "telemetry agent", "" if out.status == "ok" else said(out)
+
+
+def kill_fork_server(k: Kernel) -> tuple[str, str]:
+    pid = kernel_side(k, "c.world.launcher.forks.pid")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not tagged_engines(k.tag) or None, 15)
+    return f"fork server (pid {pid})", ""
+
+
+def kill_controller(k: Kernel) -> tuple[str, str]:
+    pid = kernel_side(k, "c.world.ipp.controller.pid")
+    os.kill(pid, signal.SIGKILL)
+    return f"controller (pid {pid})", ""
+
+
+FAULTS = {
+    "standby engine": kill_standby,
+    "telemetry agent": close_agent,
+    "fork server": kill_fork_server,
+    "controller": kill_controller,
+}
+
+
+def outcome(k: Kernel, named: str) -> str:
+    """survived, reported or failed, and the world working again in every case but failed."""
+    out = k.execute(RANKS, timeout=WAIT_S)
+    if out.status == "ok" and "rank 1" in out.stdout:
+        return "survived"
+    text = said(out)
+    if out.status == "error" and named in text and "%jaxsys" in text:
+        restart = k.execute("%jaxsys restart", timeout=WAIT_S)
+        if restart.status != "ok":
+            text = said(restart)
+            if named not in text or "%jaxsys start" not in text:
+                return "failed"
+            if k.execute(START.format(standby=1), timeout=WAIT_S).status != "ok":
+                return "failed"
+        return "reported" if k.execute(RANKS).status == "ok" else "failed"
+    return "failed"
+
+
+def helper_faults(rounds: int) -> dict[str, dict[str, int]]:
+    """Each helper killed ``rounds`` times in one kernel: outcomes by helper."""
+    tag = new_tag()
+    seen = {name: {"survived": 0, "reported": 0, "failed": 0} for name in FAULTS}
+    k = Kernel(tag)
+    pid = k.pid
+    try:
+        if k.execute(START.format(standby=1), timeout=WAIT_S).status != "ok":
+            raise RuntimeError("the cluster did not start")
+        for _ in range(rounds):
+            for name, fault in FAULTS.items():
+                named, error = fault(k)
+                got = "failed" if error else outcome(k, named.split(" (pid")[0])
+                if name == "controller" and got == "survived":
+                    # Its schedulers still route cells; what matters is the next restart.
+                    got = outcome_after_restart(k, named)
+                seen[name][got] += 1
+                if got == "failed":
+                    k.execute("%jaxsys stop")
+                    k.execute(START.format(standby=1), timeout=WAIT_S)
+        k.execute("%jaxsys stop")
+    finally:
+        k.shutdown()
+    left = wait_no_processes(tag, LEFT_AFTER_S)
+    seen["_left"] = {"processes": len(left), "directories": len(dirs_of(pid))}
+    return seen
+
+
+def outcome_after_restart(k: Kernel, named: str) -> str:
+    restart = k.execute("%jaxsys restart", timeout=WAIT_S)
+    if restart.status == "ok":
+        return "survived"
+    text = said(restart)
+    if named not in text or "%jaxsys start" not in text:
+        return "failed"
+    ok = k.execute(START.format(standby=1), timeout=WAIT_S).status == "ok"
+    return "reported" if ok and k.execute(RANKS).status == "ok" else "failed"
+
+
+# -- the kernel killed ------------------------------------------------------------------------
+
+
+def kernel_kills(n: int) -> dict:
+    """The kernel SIGKILLed ``n`` times, idle and during a cell in turn."""
+    times, left_procs, left_dirs, left_traces, failed = [], 0, 0, 0, 0
+    for i in range(n):
+        tag, before = new_tag(), traces()
+        k = Kernel(tag)
+        pid = k.pid
+        try:
+            if k.execute(START.format(standby=0), timeout=WAIT_S).status != "ok":
+                failed += 1
+            elif i % 2:
+                cell_under_way(k)
+            t0 = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            k.kc.stop_channels()
+            k.km.cleanup_resources()
+            left = wait_no_processes(tag, LEFT_AFTER_S)
+            wait_for(lambda: not dirs_of(pid), LEFT_AFTER_S)  # noqa: B023 - used at once
+            times.append(time.monotonic() - t0)
+        finally:
+            for line in wait_no_processes(tag, 0):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+        left_procs += len(left)
+        left_dirs += len(dirs_of(pid))
+        left_traces += len(traces() - before)
+    return {
+        "kills": n,
+        "failed starts": failed,
+        "processes left": left_procs,
+        "directories left": left_dirs,
+        "trace directories left": left_traces,
+        "seconds to nothing (median)": statistics.median(times) if times else float("nan"),
+        "seconds to nothing (max)": max(times) if times else float("nan"),
+    }
+
+
+# -- the kernel killed on Slurm -------------------------------------------------------------
+
+
+SLURM_START = (
+    "%jaxsys start --launcher slurm --hosts 2 --devices-per-host 1 "
+    "--sbatch-arg=--ntasks-per-node=1 --env JAX_PLATFORMS=cpu"
+)
+SLURM_TTL_S = 6.0
+
+
+def slurm_kill(tag: str, state_dir: str, keep: bool) -> tuple[float | None, list[int]]:
+    """One kernel on the private Slurm, SIGKILLed with a running cluster or with a kept job
+    (attached to again from a restarted kernel first): the reattach time (None when not
+    kept) and the pids the kernel had."""
+    env = {"JAXSYS_STATE_DIR": state_dir, "JAXSYS_LEASE_TTL": str(SLURM_TTL_S)}
+    k = Kernel(tag, extra_env=env)
+    pids, attach = [k.pid], None
+    try:
+        out = k.execute(SLURM_START, timeout=180)
+        if out.status != "ok":
+            raise RuntimeError(f"the Slurm cluster did not start: {said(out)[-500:]}")
+        if keep:
+            k.ok("%jaxsys stop --keep-allocation")
+            k.km.restart_kernel(now=False)
+            k.kc.wait_for_ready(timeout=60)
+            pids.append(k.pid)
+            t0 = time.monotonic()
+            out = k.execute("%jaxsys attach", timeout=180)
+            attach = time.monotonic() - t0
+            if out.status != "ok" or k.execute(RANKS).status != "ok":
+                raise RuntimeError(f"attach failed: {said(out)[-500:]}")
+            k.ok("%jaxsys stop --keep-allocation")
+        os.kill(k.pid, signal.SIGKILL)
+    finally:
+        k.kc.stop_channels()
+        k.km.cleanup_resources()
+    return attach, pids
+
+
+def slurm_kills(n: int) -> dict | str:
+    """``n`` kernel kills on the private Slurm; a sentence when it cannot run here."""
+    from tests import slurm
+
+    reason = slurm.available()
+    if reason:
+        return f"skipped: no private Slurm here ({reason})"
+    jobs = procs = dirs = 0
+    attaches: list[float] = []
+    state_dir = tempfile.mkdtemp(prefix="jaxsys-chaos-state-")
+    with slurm.SlurmHosts(2) as hosts:
+        for i in range(n):
+            tag = new_tag()
+            attach, pids = slurm_kill(tag, state_dir, keep=bool(i % 2))
+            killed = time.monotonic()
+            if attach is not None:
+                attaches.append(attach)
+            # The figure is what is left once the lease's TTL + 5 s have passed.
+            time.sleep(max(0.0, killed + SLURM_TTL_S + 5 - time.monotonic()))
+            jobs += len(hosts.queue())
+            procs += len(wait_no_processes(tag, 0)) + len(hosts.namespace_pids())
+            dirs += sum(len(dirs_of(pid)) for pid in pids)
+            hosts.wait_queue_empty(30)  # the next kill starts from an empty queue
+            for line in wait_no_processes(tag, 0):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+    return {
+        "kills": n,
+        "jobs left": jobs,
+        "processes left": procs,
+        "directories left": dirs,
+        "reattach s (median)": statistics.median(attaches) if attaches else float("nan"),
+        "reattach s (max)": max(attaches) if attaches else float("nan"),
+    }
+
+
+def show(title: str, figures: dict | str) -> None:
+    print(title)
+    if isinstance(figures, str):
+        print(f"  {figures}")
+        return
+    for key, value in figures.items():
+        print(f"  {key:32} {value:.2f}" if isinstance(value, float) else f"  {key:32} {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="kills of each helper (default 3)")
+    ap.add_argument("--kernel-kills", type=int, default=100, help="local kernel SIGKILLs")
+    ap.add_argument("--slurm-kills", type=int, default=20, help="kernel SIGKILLs on Slurm")
+    args = ap.parse_args(argv)
+    print(load())
+    helpers = helper_faults(args.rounds)
+    left = helpers.pop("_left")
+    print(f"{'helper killed':18} {'tried':>6} {'survived':>9} {'reported':>9} {'failed':>7}")
+    for name, got in helpers.items():
+        print(
+            f"{name:18} {sum(got.values()):6} {got['survived']:9} {got['reported']:9}"
+            f" {got['failed']:7}"
+        )
+    print(
+        f"left after the helpers' kernel: {left['processes']} processes, "
+        f"{left['directories']} directories"
+    )
+    print(load())
+    show(
+        "kernel SIGKILL, local cluster (idle and during a cell in turn)",
+        kernel_kills(args.kernel_kills),
+    )
+    print(load())
+    if args.slurm_kills:
+        show(
+            f"kernel SIGKILL, private Slurm (running, and kept + reattached in turn; "
+            f"left after TTL {SLURM_TTL_S:g} s + 5 s)",
+            slurm_kills(args.slurm_kills),
+        )
+        print(load())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
