@@ -38,11 +38,11 @@ def test_the_quickstart_runs_as_a_job(tmp_path):
     log = (tmp_path / "job.log").read_text()
     assert log in r.stdout
     for expected in (
-        "--- cell 6 ---\n[p0] I am process 0 of 4\n",
+        "--- cell 8 ---\n[p0] I am process 0 of 4\n",
         "[p0-3] local devices: 2, devices in the world: 8\n",
         "[p0-3] sum: 48.0 mean: 1.5\n",
-        "--- cell 20 ---\n[p0] only process 0 ran this",
-        "--- cell 22 (failed on p1,3, as expected) ---\n",
+        "--- cell 22 ---\n[p0] only process 0 ran this",
+        "--- cell 24 (failed on p1,3, as expected) ---\n",
         "[p1,3] ZeroDivisionError: division by zero\n",
         "[p0] 0\n[p1] 10\n[p2] 20\n[p3] 30\n",
     ):
