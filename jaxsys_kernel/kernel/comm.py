@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -54,6 +55,12 @@ RANK_ACTIONS = commands.needing_process()
 MAX_RATE = 4.0
 #: Comms kept open at once: a reloaded page opens a new one and never closes the old.
 MAX_COMMS = 8
+#: What a cell ended by a sidebar command says of it, under its KeyboardInterrupt.
+INTERRUPTING = {
+    "stop-cluster": "interrupted from the sidebar: its Stop stops the cluster",
+    "interrupt": "interrupted from the sidebar",
+    "stop": "interrupted from the sidebar",
+}
 #: Log lines an event from another surface carries at most (a stack dump's are many).
 MAX_EVENT_LOG = 200
 #: Seconds ``stop-cluster`` waits for an interrupted cell to end before stopping anyway.
@@ -240,6 +247,8 @@ class ClusterComms:
         self._unsubscribe = None
         self._cell_done = threading.Event()
         self._cell_done.set()
+        # Why the running cell is being interrupted from the sidebar (said when it ends).
+        self._interrupted_because: str | None = None
         # The group of a large cluster's summary the front end opened (None: none).
         self.open_group: int | None = None
         # One feed for every comm: they all get the same messages, in version order.
@@ -272,7 +281,11 @@ class ClusterComms:
         self._cell_done.clear()
         self.push()
 
-    def _post_run_cell(self, *_args) -> None:
+    def _post_run_cell(self, result=None, *_args) -> None:
+        reason, self._interrupted_because = self._interrupted_because, None
+        if reason and isinstance(getattr(result, "error_in_exec", None), KeyboardInterrupt):
+            # In the cell's output, under its KeyboardInterrupt: who interrupted it, and why.
+            print(f"jaxsys: {reason}", file=sys.stderr, flush=True)
         self._cell_done.set()
         self.push()
 
@@ -344,6 +357,8 @@ class ClusterComms:
                 }
             )
             return
+        if action in INTERRUPTING and self.cell_running:
+            self._interrupted_because = INTERRUPTING[action]
         result = self.run(action, rank)
         self._send(
             {

@@ -260,8 +260,8 @@ export class JaxsysSidebar extends Widget {
 
   private _renderRows(c: ICluster | null, ready: boolean): void {
     const procs = c?.processes ?? [];
-    // Above the group size with no group open the groups say it all: no empty table.
-    this._rows.parentElement!.hidden = !!c?.summary && procs.length === 0;
+    // No cluster, or above the group size with no group open: no empty table.
+    this._rows.parentElement!.hidden = !c || (!!c.summary && procs.length === 0);
     const seen = new Set<number>();
     for (const p of procs) {
       seen.add(p.rank);
@@ -386,7 +386,12 @@ export class JaxsysSidebar extends Widget {
     if (!before) {
       return;
     }
+    // The sidebar's own Stop ends every process: those are not deaths to report.
+    const stopping = this._busy.has('stop-cluster');
     for (const line of worldChanges(before, now, c?.nprocs ?? 0)) {
+      if (stopping && line.endsWith(' died')) {
+        continue;
+      }
       // A reply or event that already said it (the sidebar's Stop) is not said twice.
       if (!t.message.includes(line)) {
         this.note(line);

@@ -6,6 +6,7 @@ and a cluster with the kernel's defaults, started by the first ``%%multihost`` c
 - The log shows what cells did with ``%jaxsys`` (kill, restart of one process, restart of
   the world) beside the sidebar's own clicks, and a death as it happens.
 - A row's ``↻N`` counts restarts in the current world: a world restart resets it.
+- A cell ended by the sidebar's Stop says so under its ``KeyboardInterrupt``.
 
 Screenshot: ``tests/artifacts/sidebar-current.png``.
 """
@@ -35,13 +36,15 @@ pytestmark = [
 
 STATUS = "#jaxsys-status"
 SIDEBAR = "#jaxsys-sidebar"
+STDERR = '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'
 CELLS = [
     "%%multihost\nprint('auto-started')",
     "%jaxsys kill 1",
     "%jaxsys restart 1",
     "%jaxsys restart",
+    "%%multihost\nimport time\ntime.sleep(600)",
 ]
-AUTO, KILL, RESTART_ONE, RESTART_WORLD = range(4)
+AUTO, KILL, RESTART_ONE, RESTART_WORLD, SLEEP = range(5)
 
 
 def text(page, cls: str) -> str:
@@ -122,6 +125,29 @@ def test_the_sidebar_follows_every_surface(tag, tmp_path):
             screenshot(page, "sidebar-current.png")
             assert first_cell(page, 0) == "p0"
             assert "JAX world restarting" in log, log
+
+            # The sidebar's Stop while a cell runs: the cell says who ended it.
+            # Queued without waiting for its end (run_cell's command resolves only then).
+            page.evaluate(
+                "(i) => { const w = window.jupyterapp.shell.currentWidget;"
+                " w.content.activeCellIndex = i;"
+                " void window.jupyterapp.commands.execute('notebook:run-cell'); }",
+                SLEEP,
+            )
+            page.wait_for_function(
+                "() => document.querySelector('#jaxsys-sidebar .jaxsys-summary')"
+                "?.textContent.includes('a cell is running')",
+                timeout=60_000,
+            )
+            page.locator(f"{SIDEBAR} button.jaxsys-stop").click(timeout=20_000)
+            said = wait_for(page, f"{STDERR}:has-text('interrupted from the sidebar')", 90)
+            assert "its Stop stops the cluster" in said.inner_text()
+            log = log_has(page, "stop-cluster: cluster stopped", 60)
+            wait_idle(page, 60)
+            # The processes the Stop ended are not reported as deaths.
+            after = log.split("%jaxsys restart: JAX world restarted")[-1]
+            assert " died" not in after, after
+            screenshot(page, "sidebar-stop-says-why.png")
         except BaseException:
             screenshot(page, "sidebar-current-failure.png")
             print(lab.log_tail())
