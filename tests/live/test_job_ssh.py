@@ -51,10 +51,10 @@ def test_the_quickstart_runs_over_ssh(ssh_hosts, tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     log = (tmp_path / "job.log").read_text()
     for expected in (
-        "--- cell 6 ---\n[p0] I am process 0 of 4\n",
+        "--- cell 8 ---\n[p0] I am process 0 of 4\n",
         "[p0-3] local devices: 2, devices in the world: 8\n",
         "[p0-3] sum: 48.0 mean: 1.5\n",
-        "--- cell 22 (failed on p1,3, as expected) ---\n",
+        "--- cell 24 (failed on p1,3, as expected) ---\n",
         "[p0] 0\n[p1] 10\n[p2] 20\n[p3] 30\n",
     ):
         assert expected in log, log
