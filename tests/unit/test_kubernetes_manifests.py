@@ -234,3 +234,24 @@ def test_schemas_catch_a_wrong_manifest():
     js["spec"]["replicatedJobs"][0]["replica"] = 2
     with pytest.raises(Exception, match="'replica' was unexpected"):
         validate_jobset(js)
+
+
+def test_a_notebook_cluster_is_refused_before_anything_starts(tmp_path):
+    from jaxsys_kernel.cluster.launchers import make_launcher
+
+    cfg = ClusterConfig(hosts=2, launcher="kubernetes", launcher_options={"image": "i"})
+    launcher = make_launcher(cfg)
+    with pytest.raises(ConfigError, match="jaxsys job --launcher kubernetes.*another launcher"):
+        launcher.make_ipp_cluster(tmp_path, True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_batch_job_checks_its_options_when_written(tmp_path):
+    files, command = KubernetesLauncher.batch_job(
+        Path("program.py"), 2, Path("."), {"image": "i", "sbatch_args": []}
+    )
+    assert files == {}
+    assert command[1:3] == ["-m", "jaxsys_kernel.cluster.launchers.kubernetes_job"]
+    assert command[3:] == ["2", json.dumps({"image": "i"}), "program.py"]
+    with pytest.raises(ConfigError, match="needs an image"):
+        KubernetesLauncher.batch_job(Path("program.py"), 2, Path("."), {})

@@ -448,8 +448,10 @@ class KubernetesLauncher(Launcher):
             credentials=credentials,
         )
 
-    async def launch(self, ctx, report) -> None:
+    def make_ipp_cluster(self, profile, secure):
+        # Refused before a controller starts: nothing is left to stop.
         raise ConfigError(
-            "the kubernetes launcher writes a world's manifests (KubernetesLauncher.manifests, "
-            "to apply with kubectl); it does not start engines in pods from a notebook yet"
+            "the kubernetes launcher runs jobs (jaxsys job --launcher kubernetes) and writes "
+            "a world's manifests (world_manifests, to apply with kubectl); it does not start "
+            "a cluster from a notebook yet: use another launcher for %jaxsys start"
         )
