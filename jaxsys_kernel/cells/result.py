@@ -231,7 +231,8 @@ def _failure_message(run: CellRun) -> str:
         done += f", but {format_procs(unstopped)} did not stop within {INTERRUPT_GRACE:g} s"
     return (
         f"{_kinds(run, set(run.procs) - set(run.stuck))}; {format_procs(run.stuck)} kept "
-        f"running (waiting for the failed process, most likely in a collective) and were {done}"
+        f"running (waiting for the failed process, most likely in a collective) and "
+        f"{'was' if len(run.stuck) == 1 else 'were'} {done}"
     )
 
 

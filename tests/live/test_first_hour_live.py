@@ -205,6 +205,7 @@ def test_fetching_an_array_that_spans_processes_suggests_pull(k):
 def test_a_hang_is_reported_by_name(k):
     out = k.execute(
         "%%multihost --grace 2\n"
+        "import jax\n"
         "from jax.experimental import multihost_utils\n"
         "if jax.process_index() == 1:\n"
         "    raise OSError('no batch here')\n"
