@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import publish_display_data
 
-from ..cluster import standby
+from ..cluster import enclosing_job, standby
 from ..cluster.audit import audit, format_audit, format_refusals
 from ..cluster.launchers import forks
 from ..telemetry.memory import format_bytes, memory_line
@@ -245,6 +245,8 @@ def status(session, args: argparse.Namespace) -> None:
     job = job_line(session.cluster)
     if job:
         print(job)
+    if inside := enclosing_job.status_line(session.cluster):
+        print(inside)
     print(standby.status_line(session.cluster.standby_status()))
     if fork := forks.status_line(session.cluster):
         print(fork)
@@ -296,6 +298,8 @@ def security(session, args: argparse.Namespace) -> None:
     """
     print(f"security: {session.require_cluster().security}")
     print(format_audit(audit(session.cluster)))
+    if shared := enclosing_job.shared_node_line():
+        print(shared)
     if session.cluster.pki is not None:
         print(format_refusals(session.refusals(), session.cluster.reports_refusals))
     hub = session.cluster.telemetry

@@ -159,8 +159,11 @@ def test_a_cluster_in_the_lab_computes_and_the_other_user_is_refused(hub, alice,
         out = k.ok("%jaxsys start --hosts 2 --devices-per-host 1", timeout=180)
         assert "ready" in out, out
         _assert_sum(k.ok(SUM_CELL))
+        job = hub.job_of(alice)[0].split()[0]
         status = k.ok("%jaxsys status")
-        assert "2" in status
+        assert f"kernel: in Slurm job {job} (2 CPUs on host0)" in status, status
+        assert "share its" not in status, status
+        _a_shared_node_is_said(hub, k)
         # The other user: refused by alice's Lab with his own token.
         bob_token = hub.user_token(hub.users[1])
         r = requests.get(f"{hub.url}/user/{alice}/api/kernels",
@@ -170,6 +173,24 @@ def test_a_cluster_in_the_lab_computes_and_the_other_user_is_refused(hub, alice,
         k.ok("%jaxsys stop")
     finally:
         k.close()
+
+
+def _a_shared_node_is_said(hub: LabHub, k: LabKernel) -> None:
+    bob = hub.users[1]
+    assert "shared node" not in k.ok("%jaxsys security")
+    env = {**os.environ, **hub.slurm.env}
+    sleeper = subprocess.Popen(["runuser", "-u", bob, "--", "srun", "-n1", "-c1", "--chdir=/tmp",
+                                "sleep", "120"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: any(j.endswith("RUNNING") for j in hub.job_of(bob)), 30, "bob's job")
+        security = k.ok("%jaxsys security")
+        assert f"shared node: other users' jobs may run on host0 ({bob})" in security, security
+        assert "--exclusive" in security
+    finally:
+        subprocess.run(["scancel", "-u", bob], env=env, timeout=30, check=False)
+        sleeper.kill()
+        sleeper.wait(30)
 
 
 # Run as the other user in a job of his own on the Lab's node: a TLS client without a
@@ -216,7 +237,9 @@ def test_a_killed_kernel_leaves_no_process_and_no_keys(hub, alice, alice_token):
     k = LabKernel(hub, alice, alice_token)
     try:
         # No standby processes: one that is booting when the kernel dies is another case.
-        k.ok("%jaxsys start --hosts 2 --devices-per-host 1 --standby 0", timeout=180)
+        k.ok("%jaxsys start --hosts 3 --devices-per-host 1 --standby 0", timeout=180)
+        status = k.ok("%jaxsys status")
+        assert "3 processes x 1 devices run on this node and share its 2 CPUs" in status, status
         (kernel_pid,) = _kernel_pids(alice)
         keys = _key_dirs(alice)
         assert keys, "no profile directory while the cluster runs"
