@@ -78,3 +78,28 @@ def test_a_job_on_pods_collates_as_it_does_locally(k8s, tmp_path):
     assert "kind: Job" in (out / "world.yaml").read_text()
     assert k8s.api.list("Pod", "default") == [] and k8s.api.list("Job", "default") == []
     assert k8s.api.list("Secret", "default") == [] and k8s.api.list("Service", "default") == []
+
+
+def test_a_job_stopped_by_its_timeout_deletes_its_world(k8s, tmp_path):
+    nb = _notebook(
+        tmp_path / "sleeps.ipynb",
+        [CELLS[0], "%%multihost\nimport time\nprint('started', flush=True)\ntime.sleep(600)"],
+    )
+    env = {**os.environ, "KUBECONFIG": str(k8s.api.kubeconfig(tmp_path / "kubeconfig"))}
+    out = tmp_path / "out"
+    r = _job(
+        str(nb),
+        "--launcher",
+        "kubernetes",
+        "--image",
+        "i",
+        "--out",
+        str(out),
+        "--timeout",
+        "25",
+        env=env,
+    )
+    assert r.returncode != 0
+    assert "deleting world" in r.stderr, r.stderr
+    assert k8s.api.list("Job", "default") == [] and k8s.api.list("Pod", "default") == []
+    assert not list(k8s.processes())
