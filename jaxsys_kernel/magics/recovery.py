@@ -52,7 +52,10 @@ def kill_guidance(cluster, rank: int) -> str:
         )
     refusal = rejoin_refusal(cluster, rank)
     if refusal is not None:
-        return f"It cannot come back alone ({refusal}). {WORLD_LOST}"
+        return (
+            f"It cannot come back alone ({refusal}): %jaxsys restart restarts the whole world. "
+            + WORLD_LOST
+        )
     return (
         f"The others keep running: JAX declares it dead after {cluster.heartbeat_timeout:g} s "
         "without heartbeats, and live_devices then leaves out its devices. To bring it back: "

@@ -115,3 +115,18 @@ def test_interrupting_one_process_inside_jax_is_said_in_the_singular():
         "jaxsys: interrupting p0 while it waits inside JAX; the JAX world is now out of "
         "step: run %jaxsys restart."
     ]
+
+
+def test_a_dead_process_log_is_read_bounded(tmp_path):
+    from types import SimpleNamespace
+
+    from jaxsys_kernel.cluster.launchers import native_log_file
+    from jaxsys_kernel.magics import deaths
+
+    path = native_log_file(tmp_path, 3, 2)
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(f"line {i}\n" for i in range(100_000)) + "x" * 5000 + "\nlast\n")
+    cluster = SimpleNamespace(world=SimpleNamespace(profile=tmp_path, incarnation=2))
+    tail = deaths.dead_log(cluster, 3, 3)
+    assert tail == "line 99999\n" + "x" * deaths.LINE_CHARS + "\nlast\n"
+    assert deaths.dead_log(cluster, 2, 3) is None  # no log left: nothing to read
