@@ -354,19 +354,23 @@ class LabKernel:
     __test__ = False
 
     def __init__(self, hub: LabHub, user: str, token: str, name: str = "jaxsys"):
-        import websocket
-
         self.base = f"{hub.url}/user/{user}/api"
         self.headers = {"Authorization": f"token {token}"}
         r = requests.post(f"{self.base}/kernels", json={"name": name}, headers=self.headers,
                           timeout=30)  # fmt: skip
         assert r.status_code == 201, f"{r.status_code} {r.text}"
         self.id = r.json()["id"]
+        self.session = uuid.uuid4().hex
+        self.connect()
+
+    def connect(self) -> None:
+        """Open the kernel's websocket (again, after a proxy that carried it went away)."""
+        import websocket
+
         ws_url = self.base.replace("http://", "ws://") + f"/kernels/{self.id}/channels"
         # The server answers the handshake once the kernel is up (its imports take seconds).
         self.ws = websocket.create_connection(ws_url, header=self.headers, timeout=120)
         self.ws.settimeout(5)
-        self.session = uuid.uuid4().hex
 
     def execute(self, code: str, timeout: float = 120.0) -> tuple[str, str | None]:
         """Run ``code``; its printed text, and the error's name and value or None."""
