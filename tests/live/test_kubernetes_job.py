@@ -103,3 +103,24 @@ def test_a_job_stopped_by_its_timeout_deletes_its_world(k8s, tmp_path):
     assert "deleting world" in r.stderr, r.stderr
     assert k8s.api.list("Job", "default") == [] and k8s.api.list("Pod", "default") == []
     assert not list(k8s.processes())
+
+
+def test_a_failing_cell_on_pods_exits_non_zero_and_names_it(k8s, tmp_path):
+    nb = _notebook(
+        tmp_path / "fails.ipynb",
+        [
+            CELLS[0],
+            "%%multihost\nimport jax, numpy as np\nfrom jax.experimental import multihost_utils",
+            "%%multihost\nif jax.process_index() == 1:\n    raise ValueError('p1 fails')\n"
+            "multihost_utils.process_allgather(np.ones(3))",
+            "%%multihost\nprint('never')",
+        ],
+    )
+    env = {**os.environ, "KUBECONFIG": str(k8s.api.kubeconfig(tmp_path / "kubeconfig"))}
+    out = tmp_path / "out"
+    r = _job(str(nb), "--launcher", "kubernetes", "--image", "i", "--out", str(out), env=env)
+    assert r.returncode != 0
+    assert "jaxsys job: cell 2 failed on p1" in r.stderr, r.stderr
+    log = (out / "job.log").read_text()
+    assert "[p1] ValueError: p1 fails\n" in log and "never" not in log
+    assert k8s.api.list("Pod", "default") == [] and not list(k8s.processes())
