@@ -606,9 +606,9 @@ def failed_then_grace(action: str, dumps: dict[int, str]):
 @pytest.mark.parametrize(
     "action,next_kind,outcome",
     [
-        ("interrupt", INTERRUPT, "were interrupted"),
-        ("restart", DONE, "were stopped by a world restart"),
-        ("report", WAIT, "were left running"),
+        ("interrupt", INTERRUPT, "was interrupted"),
+        ("restart", DONE, "was stopped by a world restart"),
+        ("report", WAIT, "was left running"),
     ],
 )
 def test_failure_then_grace_is_a_hang_with_each_policy(action, next_kind, outcome):
