@@ -78,17 +78,29 @@ def _delete(api_client, manifests: list[dict[str, Any]]) -> None:
                 print(f"jaxsys job: could not delete {kind} {name}: {e.reason}", file=sys.stderr)
 
 
+def _ended(job) -> bool:
+    conditions = (job.status.conditions if job.status else None) or []
+    return any(c.type in ("Failed", "Complete") and c.status == "True" for c in conditions)
+
+
 def _wait_and_collect(api_client, name: str, ns: str, nprocs: int, per_job: int) -> int:
     """Wait until the world's pods have ended; write their logs; the job's exit code."""
     from kubernetes import client  # Deferred: as in _create
 
-    core = client.CoreV1Api(api_client)
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    selector = f"{WORLD_LABEL}={name}"
+    # Until the job's timeout (run_job's) ends this process, if the pods never end.
     while True:
-        pods = core.list_namespaced_pod(ns, label_selector=f"{WORLD_LABEL}={name}").items
-        if len(pods) >= nprocs and all(p.status.phase in _DONE for p in pods):
-            break
+        pods = core.list_namespaced_pod(ns, label_selector=selector).items
+        if all(p.status.phase in _DONE for p in pods):
+            if len(pods) >= nprocs:
+                break
+            # A failed Job's controller deletes its other pods rather than ending them.
+            jobs = batch.list_namespaced_job(ns, label_selector=selector).items
+            if any(_ended(j) for j in jobs):
+                break
         time.sleep(POLL_S)
-    code = 0
+    code = 0 if len(pods) >= nprocs else 1
     for pod in pods:
         log = core.read_namespaced_pod_log(pod.metadata.name, ns)
         Path(f"p{_rank(pod, per_job)}.out").write_text(log)
