@@ -74,6 +74,8 @@ class EngineState:
     native_log_path: str | None = None
     #: The divergence recorder (``divergence.Recorder``).
     recorder: Any = None
+    #: The step recorder of the straggler view (``arrivals.Recorder``), while it is on.
+    arrivals: Any = None
     #: The last export shown, and its card.
     last_export: tuple[Any, dict] | None = None
     #: The port held for cross-host transfers until JAX binds it.

@@ -1,0 +1,277 @@
+"""When this process arrives at each step, and where its time went before it: the straggler
+view's engine side.
+
+While switched on (:func:`enable`), every call a cell's own code makes to a jitted function
+whose result spans processes is one step: the recorder notes when the work leading to it
+began (the previous step returned, or the cell began), the time spent in the input pipeline
+(:func:`note_input`) and compiling (JAX's compile-duration events) and when the call was
+made, then waits for the result to be ready and notes when. That wait holds the process at
+the step's end as the collective inside it would at the next one, so that time spent
+waiting for the others is counted inside the step, not in the next step's host time.
+
+The calls are seen through Python's own monitoring (:mod:`sys.monitoring`, a ``CALL`` event
+per call site and ``C_RETURN``), switched off at the first look for every call site outside a
+cell, so library code costs one look per site. The records stay in this process (at most
+:data:`MAX_STEPS` per cell) until the kernel reads them (:func:`records`) for ``%jaxsys
+where``; the kernel checks them as untrusted input (``cells/step_records.py``).
+
+A fault palette for teaching and testing the view: :func:`slow` delays this process before
+each step's dispatch, in host code, in the input pipeline's account, or in its compute
+(after the dispatch, before the result is waited for).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from IPython import get_ipython
+
+from .state import STATE
+
+# Steps kept per cell; later ones are counted in ``dropped``.
+MAX_STEPS = 100_000
+# Longest injected delay, in milliseconds (a minute).
+MAX_DELAY_MS = 60_000
+WHERE = ("host", "input", "compute")
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_TOOL_NAME = "jaxsys-arrivals"
+
+
+def _is_cell_file(filename: str) -> bool:
+    return filename.startswith("<ipython-input") or f"{os.sep}ipykernel_" in filename
+
+
+def _is_jitted(fn) -> bool:
+    return type(fn).__name__ == "PjitFunction"
+
+
+def _spans_processes(result) -> bool:
+    """Whether the call's result lives on devices of more than this process."""
+    import jax  # Deferred: only called on a jitted call's result, JAX is loaded by then.
+
+    leaves = jax.tree_util.tree_leaves(result)
+    return any(not getattr(leaf, "is_fully_addressable", True) for leaf in leaves)
+
+
+def _ready(result) -> None:
+    import jax  # Deferred: as in _spans_processes.
+
+    jax.block_until_ready(result)
+
+
+class Recorder:
+    """One process's step records for the running cell.
+
+    Parameters
+    ----------
+    clock : callable
+        Wall clock in seconds (the kernel corrects it by the measured offset).
+    spans : callable
+        ``spans(result)``: whether a call's result spans processes (a step).
+    ready : callable
+        ``ready(result)``: waits for the result's devices to finish.
+    sleep : callable
+        Used for injected delays.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        spans: Callable = _spans_processes,
+        ready: Callable = _ready,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.clock, self.spans, self.ready, self.sleep = clock, spans, ready, sleep
+        self.steps: list[dict] = []
+        self.dropped = 0
+        self.delay: tuple[float, str] | None = None
+        self._depth = 0
+        self.begin_cell()
+
+    def begin_cell(self) -> None:
+        """Start a cell: no steps yet, its work begins now."""
+        self.steps, self.dropped, self._depth = [], 0, 0
+        self._start = self.clock()
+        self._input = self._compile = self._compute = 0.0
+        self._dispatch = None
+
+    def note_input(self, seconds: float) -> None:
+        """Count ``seconds`` of the current step's work as the input pipeline's."""
+        if seconds > 0:
+            self._input += seconds
+
+    def note_compile(self, seconds: float) -> None:
+        """Count ``seconds`` of compiling inside the current call."""
+        if self._depth and seconds > 0:
+            self._compile += seconds
+
+    def on_call(self) -> None:
+        """A cell's line calls a jitted function: the dispatch begins."""
+        self._depth += 1
+        if self._depth > 1:
+            return  # a call traced inside another: part of the outer one's compile
+        if self.delay is not None:
+            seconds, where = self.delay
+            if where in ("host", "input"):
+                self.sleep(seconds)
+                if where == "input":
+                    self.note_input(seconds)
+        self._dispatch = self.clock()
+        self._compile = self._compute = 0.0
+
+    def on_return(self, result) -> None:
+        """The call returned ``result`` (None when it raised): record a step if it spans."""
+        self._depth = max(0, self._depth - 1)
+        if self._depth or self._dispatch is None:
+            return
+        dispatch, self._dispatch = self._dispatch, None
+        if result is None or not self.spans(result):
+            return
+        if self.delay is not None and self.delay[1] == "compute":
+            self.sleep(self.delay[0])
+            self._compute += self.delay[0]
+        self.ready(result)
+        end = self.clock()
+        self._keep(dispatch, end)
+
+    def _keep(self, dispatch: float, end: float) -> None:
+        start = min(self._start, dispatch)
+        record = {
+            "kind": "step",
+            "step": len(self.steps) + self.dropped,
+            "start": start,
+            "dispatch": dispatch,
+            "end": max(end, dispatch),
+            "input": min(self._input, dispatch - start),
+            "compile": self._compile,
+            "compute": self._compute,
+        }
+        if len(self.steps) < MAX_STEPS:
+            self.steps.append(record)
+        else:
+            self.dropped += 1
+        self._start, self._input = end, 0.0
+
+
+def _tool_id() -> int | None:
+    mon = sys.monitoring
+    for tool in range(6):  # ids 0-5 are free for tools; 6 and 7 are reserved
+        if mon.get_tool(tool) in (None, _TOOL_NAME):
+            return tool
+    return None
+
+
+def _callbacks(rec: Recorder):
+    mon = sys.monitoring
+
+    def on_call(code, _offset, fn, _arg0):
+        if not _is_cell_file(code.co_filename):
+            return mon.DISABLE
+        if _is_jitted(fn):
+            rec.on_call()
+        return None
+
+    def on_c_return(code, _offset, fn, result):
+        if _is_jitted(fn) and _is_cell_file(code.co_filename):
+            rec.on_return(result)
+
+    def on_c_raise(code, _offset, fn, _exc):
+        if _is_jitted(fn) and _is_cell_file(code.co_filename):
+            rec.on_return(None)
+
+    return on_call, on_c_return, on_c_raise
+
+
+def _on_compile_event(event: str, duration: float, **_kwargs) -> None:
+    rec = STATE.arrivals
+    if rec is not None and event in _COMPILE_EVENTS:
+        rec.note_compile(duration)
+
+
+def _pre_run_cell(_info) -> None:
+    if STATE.arrivals is not None:
+        STATE.arrivals.begin_cell()
+
+
+def enable() -> str:
+    """Record this process's steps in every later cell; says whether it could."""
+    if STATE.arrivals is not None:
+        return "on"
+    tool = _tool_id()
+    if tool is None:
+        return "every monitoring tool id is taken by another tool"
+    import jax.monitoring  # Deferred: switched on by the user, after JAX has started.
+
+    rec = Recorder()
+    STATE.arrivals = rec
+    mon = sys.monitoring
+    mon.use_tool_id(tool, _TOOL_NAME)
+    on_call, on_c_return, on_c_raise = _callbacks(rec)
+    mon.register_callback(tool, mon.events.CALL, on_call)
+    mon.register_callback(tool, mon.events.C_RETURN, on_c_return)
+    mon.register_callback(tool, mon.events.C_RAISE, on_c_raise)
+    mon.set_events(tool, mon.events.CALL | mon.events.C_RETURN | mon.events.C_RAISE)
+    jax.monitoring.register_event_duration_secs_listener(_on_compile_event)
+    shell = get_ipython()
+    if shell is not None:
+        shell.events.register("pre_run_cell", _pre_run_cell)
+    return "on"
+
+
+def disable() -> str:
+    """Stop recording and drop the records and any injected delay."""
+    mon = sys.monitoring
+    for tool in range(6):
+        if mon.get_tool(tool) == _TOOL_NAME:
+            mon.set_events(tool, 0)
+            mon.free_tool_id(tool)
+    if STATE.arrivals is not None:
+        import jax.monitoring  # Deferred: as in enable().
+
+        jax.monitoring.unregister_event_duration_listener(_on_compile_event)
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.unregister("pre_run_cell", _pre_run_cell)
+        STATE.arrivals = None
+    return "off"
+
+
+def records() -> dict:
+    """The last cell's step records and how many were left out."""
+    rec = STATE.arrivals
+    if rec is None:
+        return {"on": False, "steps": [], "dropped": 0}
+    return {"on": True, "steps": list(rec.steps), "dropped": rec.dropped}
+
+
+def slow(ms: float | None, where: str = "host") -> str:
+    """Delay this process by ``ms`` milliseconds before each step (None: no more delay)."""
+    if ms is None:
+        if STATE.arrivals is not None:
+            STATE.arrivals.delay = None
+        return "no delay"
+    if where not in WHERE:
+        raise ValueError(f"--in takes one of {', '.join(WHERE)}, not {where!r}")
+    if not 0 < ms <= MAX_DELAY_MS:
+        raise ValueError(f"--ms must be above 0 and at most {MAX_DELAY_MS}, not {ms}")
+    enable()
+    STATE.arrivals.delay = (ms / 1e3, where)
+    return f"{ms:g} ms in {where} before each step"
+
+
+__all__ = [
+    "MAX_STEPS",
+    "WHERE",
+    "Recorder",
+    "disable",
+    "enable",
+    "records",
+    "slow",
+]

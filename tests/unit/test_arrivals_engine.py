@@ -1,0 +1,129 @@
+"""The straggler view's engine side: step records from a fake clock, and from real calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxsys_kernel.cells.step_records import checked
+from jaxsys_kernel.cells.stragglers import Stragglers
+from jaxsys_kernel.engine import arrivals
+from jaxsys_kernel.engine.state import STATE
+
+pytestmark = pytest.mark.unit
+
+
+class World:
+    """Processes sharing one fake time line: a step ends when the last one dispatched."""
+
+    def __init__(self, n, skew=()):
+        self.now = 50.0
+        self.skew = dict(enumerate(skew))
+        self.local = dict.fromkeys(range(n), 0.0)
+        self.recs = [self._recorder(r) for r in range(n)]
+
+    def _recorder(self, r):
+        def sleep(s):
+            self.local[r] += s
+
+        return arrivals.Recorder(
+            clock=lambda: self.now + self.local[r] + self.skew.get(r, 0.0),
+            spans=lambda result: True,
+            ready=lambda result: None,
+            sleep=sleep,
+        )
+
+    def step(self, host=0.003, device=0.05):
+        self.local = dict.fromkeys(range(len(self.recs)), host)
+        for rec in self.recs:
+            rec.on_call()
+        arrived = max(self.local.values())
+        self.local = dict.fromkeys(self.local, arrived + device)
+        for rec in self.recs:
+            rec.on_return("result")
+        self.now += arrived + device
+
+
+def test_a_host_delay_becomes_records_that_name_the_process_and_category():
+    world = World(3, skew=(0.0, 40.0, -7.0))
+    world.recs[1].delay = (0.2, "host")
+    for _ in range(5):
+        world.step()
+    view = Stragglers(range(3), offsets={1: 40.0, 2: -7.0})
+    for r, rec in enumerate(world.recs):
+        assert [s["step"] for s in rec.steps] == list(range(5))
+        for s in rec.steps:
+            assert checked(s)
+            view.add(r, s)
+    assert view.named() == (1, "host")
+    assert view.findings[-1].parts[0]["wait"] == pytest.approx(0.2, abs=1e-6)
+
+
+@pytest.mark.parametrize("where", ["input", "compute"])
+def test_input_and_compute_delays_are_counted_in_their_category(where):
+    world = World(2)
+    world.recs[0].delay = (0.1, where)
+    for _ in range(3):
+        world.step()
+    view = Stragglers([0, 1])
+    for r, rec in enumerate(world.recs):
+        for s in rec.steps:
+            view.add(r, s)
+    assert world.recs[0].steps[-1][where] == pytest.approx(0.1)
+    assert view.named() == (0, where)
+
+
+def test_nested_calls_local_results_and_raises_are_not_steps():
+    rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: r == "wide", ready=lambda r: None)
+    rec.on_call()
+    rec.on_call()  # traced inside the first
+    rec.on_return("wide")
+    rec.on_return("local")
+    rec.on_call()
+    rec.on_return(None)  # raised
+    assert rec.steps == []
+    rec.on_call()
+    rec.on_return("wide")
+    assert [s["step"] for s in rec.steps] == [0]
+
+
+def test_steps_per_cell_are_bounded(monkeypatch):
+    monkeypatch.setattr(arrivals, "MAX_STEPS", 3)
+    rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: True, ready=lambda r: None)
+    for _ in range(5):
+        rec.on_call()
+        rec.on_return("x")
+    assert len(rec.steps) == 3 and rec.dropped == 2
+    rec.begin_cell()
+    assert rec.steps == [] and rec.dropped == 0
+
+
+def test_slow_refuses_bad_delays_with_the_flag_named():
+    with pytest.raises(ValueError, match="--in takes one of host, input, compute"):
+        arrivals.slow(10, "disk")
+    with pytest.raises(ValueError, match="--ms"):
+        arrivals.slow(0)
+    with pytest.raises(ValueError, match="--ms"):
+        arrivals.slow(10**9)
+
+
+def test_real_jitted_calls_from_a_cell_are_seen_and_library_calls_are_not(monkeypatch):
+    pytest.importorskip("jax")
+    monkeypatch.setattr(arrivals, "_is_cell_file", lambda f: f == "<cell-under-test>")
+    assert arrivals.enable() == "on"
+    try:
+        STATE.arrivals.spans = lambda result: True
+        code = (
+            "import jax, jax.numpy as jnp\n"
+            "f = jax.jit(lambda x: (x * 2).sum())\n"
+            "for i in range(3):\n"
+            "    y = f(jnp.ones(8))\n"
+        )
+        exec(compile(code, "<cell-under-test>", "exec"), {})
+        steps = arrivals.records()["steps"]
+        # jnp.ones is jitted inside JAX, not called from the cell: only f's three calls.
+        assert [s["step"] for s in steps] == [0, 1, 2]
+        assert steps[0]["compile"] > 0 and steps[2]["compile"] == 0
+        assert all(checked(s) for s in steps)
+    finally:
+        arrivals.disable()
+    assert STATE.arrivals is None and arrivals.records() == {"on": False, "steps": [], "dropped": 0}
