@@ -113,8 +113,9 @@ def start(session, args: argparse.Namespace) -> None:
     session.thread_guard = args.thread_guard
     if args.explain:
         cluster = session.require_cluster()
-        # The security line was printed by the start itself, just above.
-        print(explain(cluster.processes))
+        # The security line was printed by the start itself, just above; a blank line
+        # sets the explanation's blocks apart from it.
+        print(f"\n{explain(cluster.processes)}")
 
 
 @magic_arguments("jaxsys stop")
