@@ -17,6 +17,7 @@ def test_live_explain_and_fate_sharing(tag):
             timeout=180,
         )
         assert started.status == "ok", started.stderr
+        assert started.stdout.count("security:") == 1, started.stdout  # said once
         blocks = started.stdout.split("\n\n")
         for rank in (0, 1):
             block = next(b for b in blocks if b.startswith(f"# process {rank} "))
