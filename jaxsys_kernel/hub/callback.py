@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import json
 
+import batchspawner  # noqa: F401  (importing it adds its own handler, which install() replaces)
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
@@ -103,7 +104,5 @@ def install() -> None:
     >>> from jaxsys_kernel.hub.callback import install
     >>> install()  # doctest: +SKIP
     """
-    import batchspawner  # noqa: F401  (its import appends its handler, replaced below)
-
     default_handlers[:] = [h for h in default_handlers if h[0] != ROUTE]
     default_handlers.append((ROUTE, PortOnlyCallbackHandler))

@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from .callback import install
+
 # The variables a site sets, with their defaults ("" leaves batchspawner's choice).
 SITE_VARIABLES = {
     # Prefix of the Python environment the users' jobs run: jupyterhub-singleuser,
@@ -48,8 +50,6 @@ def configure(c, environ: Mapping[str, str] | None = None) -> None:
     >>> from jaxsys_kernel.hub.config import configure
     >>> configure(get_config())  # doctest: +SKIP
     """
-    from jaxsys_kernel.hub.callback import install
-
     install()
     env = os.environ if environ is None else environ
     site = {k: env.get(k, default) for k, default in SITE_VARIABLES.items()}
