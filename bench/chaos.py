@@ -4,8 +4,9 @@ left behind, through a real kernel.
 What is measured, in one run
 ----------------------------
 1. **Helpers.** On a 2-process local cluster with one standby engine, ``--rounds`` times
-   each: SIGKILL to a standby engine, the fork server and the ipyparallel controller, and a
-   telemetry agent's socket closed from a cell. A fault is *survived* when the next cell
+   each idle and as often while a cell runs: SIGKILL to a standby engine, the fork server
+   and the ipyparallel controller, and a telemetry agent's socket closed from a cell (the
+   agent is a thread in the engine). A fault is *survived* when the next cell
    works without a restart, *reported* when a cell or the restart fails with words naming
    what died and what to do (and the restart then works), *failed* otherwise.
 2. **Kernel SIGKILL, local** (``--kernel-kills``, 100 by default), idle and during a cell
@@ -105,41 +106,74 @@ def cell_under_way(k: Kernel, code: str = SLEEPING) -> str:
 # -- helpers killed -------------------------------------------------------------------------
 
 
-def kill_standby(k: Kernel) -> tuple[str, str]:
+def finish(k: Kernel, msg_id: str) -> str:
+    """The status of the cell ``msg_id`` once it has ended."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        msg = k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+        if msg["parent_header"].get("msg_id") == msg_id and idle:
+            break
+    return k._shell_reply(msg_id)["content"]["status"]
+
+
+def standby_pids(k: Kernel) -> tuple[str, list[int]]:
     pids = wait_for(
         lambda: kernel_side(k, "c.standby_status()['ready'] and c.world.standby.pids(c.world)")
     )
-    for pid in pids or ():
-        os.kill(pid, signal.SIGKILL)
-    return "standby engine", ""
+    return "standby engine", pids or []
 
 
-def close_agent(k: Kernel) -> tuple[str, str]:
-    out = k.execute(
-        "%%multihost\nfrom jaxsys_kernel.engine.state import STATE\nSTATE.agent._sock.close()"
-    )
-    return "telemetry agent", "" if out.status == "ok" else said(out)
-
-
-def kill_fork_server(k: Kernel) -> tuple[str, str]:
+def fork_server_pid(k: Kernel) -> tuple[str, list[int]]:
     pid = kernel_side(k, "c.world.launcher.forks.pid")
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not tagged_engines(k.tag) or None, 15)
-    return f"fork server (pid {pid})", ""
+    return f"fork server (pid {pid})", [pid]
 
 
-def kill_controller(k: Kernel) -> tuple[str, str]:
+def controller_pid(k: Kernel) -> tuple[str, list[int]]:
     pid = kernel_side(k, "c.world.ipp.controller.pid")
-    os.kill(pid, signal.SIGKILL)
-    return f"controller (pid {pid})", ""
+    return f"controller (pid {pid})", [pid]
 
 
+# What is killed, found before any cell runs (the kernel answers one cell at a time).
 FAULTS = {
-    "standby engine": kill_standby,
-    "telemetry agent": close_agent,
-    "fork server": kill_fork_server,
-    "controller": kill_controller,
+    "standby engine": standby_pids,
+    "fork server": fork_server_pid,
+    "controller": controller_pid,
 }
+AGENT = "telemetry agent"
+CLOSE_AGENT = (
+    "%%multihost\nimport time, jax\nfrom jaxsys_kernel.engine.state import STATE\n"
+    "STATE.agent._sock.close()\n{wait}print(int(jax.jit(lambda x: x + 1)(1)))"
+)
+
+
+def fresh_cluster(k: Kernel) -> None:
+    """A new cluster: its fork server and standby are what the next faults kill."""
+    k.execute("%jaxsys stop")
+    if k.execute(START.format(standby=1), timeout=WAIT_S).status != "ok":
+        raise RuntimeError("the cluster did not start")
+
+
+def one_fault(k: Kernel, name: str, during: bool) -> str:
+    """One fault, idle or while a cell runs: survived, reported or failed."""
+    if name == AGENT:
+        # The agent is a thread in the engine: its socket is closed from a cell, after
+        # which that cell's hooks and a compile's listeners send through it.
+        out = k.execute(CLOSE_AGENT.format(wait="time.sleep(1)\n" if during else ""))
+        return outcome(k, AGENT) if out.status == "ok" else "failed"
+    named, pids = FAULTS[name](k)
+    msg_id = cell_under_way(k, SLEEPING.replace("60", "2")) if during else None
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    if name == "fork server":
+        wait_for(lambda: not tagged_engines(k.tag) or None, 15)  # they follow their server
+    if msg_id is not None:
+        finish(k, msg_id)  # ok, or an error naming the death: outcome() checks the next cell
+    got = outcome(k, named.split(" (pid")[0])
+    if name == "controller" and got == "survived":
+        # Its schedulers still route cells; what matters is the next restart.
+        got = outcome_after_restart(k, named)
+    return got
 
 
 def outcome(k: Kernel, named: str) -> str:
@@ -161,25 +195,21 @@ def outcome(k: Kernel, named: str) -> str:
 
 
 def helper_faults(rounds: int) -> dict[str, dict[str, int]]:
-    """Each helper killed ``rounds`` times in one kernel: outcomes by helper."""
+    """Each helper killed ``rounds`` times idle and as often during a cell, in one kernel
+    (a fresh cluster before each round): outcomes by helper."""
     tag = new_tag()
-    seen = {name: {"survived": 0, "reported": 0, "failed": 0} for name in FAULTS}
+    seen = {name: {"survived": 0, "reported": 0, "failed": 0} for name in (*FAULTS, AGENT)}
     k = Kernel(tag)
     pid = k.pid
     try:
-        if k.execute(START.format(standby=1), timeout=WAIT_S).status != "ok":
-            raise RuntimeError("the cluster did not start")
         for _ in range(rounds):
-            for name, fault in FAULTS.items():
-                named, error = fault(k)
-                got = "failed" if error else outcome(k, named.split(" (pid")[0])
-                if name == "controller" and got == "survived":
-                    # Its schedulers still route cells; what matters is the next restart.
-                    got = outcome_after_restart(k, named)
-                seen[name][got] += 1
-                if got == "failed":
-                    k.execute("%jaxsys stop")
-                    k.execute(START.format(standby=1), timeout=WAIT_S)
+            for during in (False, True):
+                fresh_cluster(k)
+                for name in seen:
+                    got = one_fault(k, name, during)
+                    seen[name][got] += 1
+                    if got == "failed":
+                        fresh_cluster(k)
         k.execute("%jaxsys stop")
     finally:
         k.shutdown()
@@ -323,7 +353,7 @@ def show(title: str, figures: dict | str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="kills of each helper (default 3)")
+    ap.add_argument("--rounds", type=int, default=3, help="idle and in-cell kills of each helper")
     ap.add_argument("--kernel-kills", type=int, default=100, help="local kernel SIGKILLs")
     ap.add_argument("--slurm-kills", type=int, default=20, help="kernel SIGKILLs on Slurm")
     args = ap.parse_args(argv)
