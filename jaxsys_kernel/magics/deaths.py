@@ -55,7 +55,7 @@ def explain(cluster, rank: int, cell_number: int | None) -> str:
     if tail:
         said += "\nthe last lines of its log (%jaxsys logs " + f"{rank} shows more):\n" + tail
     if rank != 0 and recovery.rejoin_refusal(cluster, rank) is None:
-        path = f"%jaxsys restart {rank} brings it back (empty), or %jaxsys restart the whole world"
+        path = f"%jaxsys restart {rank} brings it back (empty); %jaxsys restart, the whole world"
     else:
         path = "it cannot come back alone: %jaxsys restart restarts the whole world"
     return said.rstrip("\n") + "\n" + path

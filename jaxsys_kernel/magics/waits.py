@@ -67,7 +67,7 @@ class WaitCheck:
             return
         whom = "; ".join(f"{format_procs(rs)} {why}" for why, rs in _by_reason(self.away).items())
         verb = "waits" if len(waiting) == 1 else "wait"
-        where = report.process_stack(stacks[waiting[0]], self.code)[-1].strip()
+        where = report.process_stack(stacks[waiting[0]], self.code)[-1].strip().lstrip(">* ")
         self.show(f"{format_procs(waiting)} {verb} for {format_procs(list(self.away))}")
         self.say(
             f"jaxsys: {format_procs(waiting)} {verb} in a JAX call ({where}) while "
