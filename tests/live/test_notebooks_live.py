@@ -93,6 +93,11 @@ EXPECTED = {
         "process 0 is dead",
         # a death inside a step: every survivor runs the except branch
         "[p0-2] step 19 abandoned: lost devices [6144]",
+        # JAX's handover: an all-gather of steps spots the newcomer, a shard_map sum sends it
+        # process 0's state (all four print one line, so all four hold the same weights)
+        "[p0-3] steps by process: {0: 18, 1: 18, 2: 18, 3: 0} | newcomers: [3]",
+        "[p0-3] after the handover: step 18, weights [",
+        "exercise 1: all three cases pass",
         # the notebook runs with a standby (tests/executed.py): restarts swap it in
         "s (from the standby)",
         "(4 from the standby)",

@@ -87,6 +87,9 @@ def test_notebooks_are_stored_without_outputs():
 MAX_PROSE_WORDS = 1500
 MAX_RECAP_WORDS = 100
 RECAP = "## Recap\n\n"
+# Exercises before the recap are counted apart too, each followed by the cell that checks it.
+MAX_EXERCISE_WORDS = 150
+EXERCISES = "## Exercises\n\n"
 _FENCED = re.compile(r"```.*?```", re.S)
 _WORD = re.compile(r"[A-Za-z0-9_'’\-.%/`]+")
 
@@ -101,9 +104,30 @@ def prose_words(nb) -> int:
         "\n".join(
             c.source
             for c in nb.cells
-            if c.cell_type == "markdown" and not c.source.startswith(RECAP)
+            if c.cell_type == "markdown" and not c.source.startswith((RECAP, EXERCISES))
         )
     )
+
+
+def test_exercises_are_short_and_checked_by_a_cell():
+    """An exercise block is followed by code cells, each with an assert that says what is wrong."""
+    for path in NOTEBOOKS:
+        cells = nbformat.read(path, as_version=4).cells
+        for i, c in enumerate(cells):
+            if c.cell_type != "markdown" or not c.source.startswith(EXERCISES):
+                continue
+            assert _words(c.source) <= MAX_EXERCISE_WORDS, f"{path.name}: {_words(c.source)}"
+            numbered = re.findall(r"^\d+\. ", c.source, re.M)
+            checks = []
+            for d in cells[i + 1 :]:
+                if d.cell_type != "code":
+                    break
+                checks.append(d)
+            assert numbered and len(checks) >= len(numbered), f"{path.name}: an unchecked exercise"
+            for d in checks:
+                assert re.search(r"^\s*assert .+, f?\"", d.source, re.M), (
+                    f"{path.name} cell {d.get('id')}: an exercise check needs an assert with a message"
+                )
 
 
 def test_every_notebook_ends_with_a_short_recap():
