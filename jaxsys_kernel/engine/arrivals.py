@@ -17,7 +17,7 @@ where``; the kernel checks them as untrusted input (``cells/step_records.py``).
 
 A fault palette for teaching and testing the view: :func:`slow` delays this process before
 each step's dispatch, in host code, in the input pipeline's account, or in its compute
-(after the dispatch, before the result is waited for).
+(after the dispatch is stamped, before the call goes on, as a busy device would hold it).
 """
 
 from __future__ import annotations
@@ -125,6 +125,11 @@ class Recorder:
                     self.note_input(seconds)
         self._dispatch = self.clock()
         self._compile = self._compute = 0.0
+        if self.delay is not None and self.delay[1] == "compute":
+            # Held before the call goes on, as a busy device holds the collective: the
+            # others wait for it inside the step, and it is counted as this step's compute.
+            self.sleep(self.delay[0])
+            self._compute = self.delay[0]
 
     def on_return(self, result) -> None:
         """The call returned ``result`` (None when it raised): record a step if it spans."""
@@ -134,9 +139,6 @@ class Recorder:
         dispatch, self._dispatch = self._dispatch, None
         if result is None or not self.spans(result):
             return
-        if self.delay is not None and self.delay[1] == "compute":
-            self.sleep(self.delay[0])
-            self._compute += self.delay[0]
         self.ready(result)
         end = self.clock()
         self._keep(dispatch, end)
@@ -243,12 +245,14 @@ def disable() -> str:
     return "off"
 
 
-def records() -> dict:
-    """The last cell's step records and how many were left out."""
+def records(last: int = MAX_STEPS) -> dict:
+    """The last cell's latest ``last`` step records, and how many were left out."""
     rec = STATE.arrivals
     if rec is None:
         return {"on": False, "steps": [], "dropped": 0}
-    return {"on": True, "steps": list(rec.steps), "dropped": rec.dropped}
+    last = max(0, min(int(last), MAX_STEPS))
+    kept = rec.steps[-last:] if last else []
+    return {"on": True, "steps": list(kept), "dropped": rec.dropped + len(rec.steps) - len(kept)}
 
 
 def slow(ms: float | None, where: str = "host") -> str:

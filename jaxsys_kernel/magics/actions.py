@@ -28,6 +28,7 @@ from .actions_help import Action
 from .actions_jobs import attach, job_line, keep_allocation, line_options, stop_note
 from .actions_logs import logs
 from .actions_profile import profile
+from .actions_where import slow, where
 from .boundary import usage_errors
 from .explain import explain
 from .health import health
@@ -378,6 +379,8 @@ ACTIONS: dict[str, Action] = {
         Action("transfer-guard", transfer_guard),
         Action("divergence", divergence),
         Action("profile", profile, "%jaxsys profile needs start or stop"),
+        Action("where", where),
+        Action("slow", slow, "%jaxsys slow needs a process, e.g. %jaxsys slow 1 --ms 200"),
         Action("attach", attach, "%jaxsys attach needs a Slurm job id, e.g. %jaxsys attach 1234"),
         Action("barrier", barrier, "%jaxsys barrier needs a name, e.g. %jaxsys barrier step-1"),
     )

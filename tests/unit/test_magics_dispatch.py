@@ -207,6 +207,8 @@ def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, se
         "transfer-guard": "log",
         "divergence": "on",
         "profile": "start",
+        "where": "on",
+        "slow": "1",
         "barrier": "b",
     }.get(name, "")
     for flag in foreign:
@@ -254,6 +256,8 @@ def test_the_action_table():
         "transfer-guard",
         "divergence",
         "profile",
+        "where",
+        "slow",
         "attach",
         "barrier",
     )
