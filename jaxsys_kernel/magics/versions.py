@@ -2,7 +2,7 @@
 
 Every process should import the same ``jax``, ``jaxlib`` and ``numpy`` as the kernel's
 environment holds: the processes run the kernel's interpreter on this host, and on other
-hosts (ssh, MPI, Slurm) whatever environment that host gives them. A process with another
+hosts whatever environment each host gives them. A process with another
 version may fail to join, or compute differently. Right after a start, the versions each
 process's environment holds are compared with the kernel's and every difference is named.
 Versions are read from package metadata (``importlib.metadata``), so the kernel never
