@@ -17,8 +17,9 @@ What is measured, in one run
    the test suite (tests/slurm.py; skipped, saying why, where it cannot run): in turn a
    running cluster, and an allocation kept with ``%jaxsys stop --keep-allocation``, then
    attached to again from a restarted kernel inside its lease (the reattach time), kept
-   again, and the kernel killed. After the lease's TTL + 5 s: jobs in the queue, processes
-   here and on the hosts, directories.
+   again, and the kernel killed; and a running cluster's kernel killed while slurmctld is
+   stopped for 10 s. After the lease's TTL + 5 s (from slurmctld's return after an
+   outage): jobs in the queue, processes here and on the hosts, directories.
 
 Usage: ``python bench/chaos.py [--rounds 3] [--kernel-kills 100] [--slurm-kills 20]``.
 """
@@ -278,10 +279,17 @@ SLURM_START = (
 SLURM_TTL_S = 6.0
 
 
-def slurm_kill(tag: str, state_dir: str, keep: bool) -> tuple[float | None, list[int]]:
-    """One kernel on the private Slurm, SIGKILLed with a running cluster or with a kept job
-    (attached to again from a restarted kernel first): the reattach time (None when not
-    kept) and the pids the kernel had."""
+SLURM_MODES = ("running", "kept", "slurmctld down")
+# Seconds slurmctld stays stopped around the kernel's death in the "slurmctld down" mode.
+OUTAGE_S = 10.0
+
+
+def slurm_kill(hosts, tag: str, state_dir: str, mode: str) -> tuple[float | None, list[int]]:
+    """One kernel on the private Slurm, SIGKILLed with a running cluster, with a kept job
+    (attached to again from a restarted kernel first), or with a running cluster while
+    slurmctld is down for :data:`OUTAGE_S`: the reattach time (None when not kept) and the
+    pids the kernel had."""
+    keep = mode == "kept"
     env = {"JAXSYS_STATE_DIR": state_dir, "JAXSYS_LEASE_TTL": str(SLURM_TTL_S)}
     k = Kernel(tag, extra_env=env)
     pids, attach = [k.pid], None
@@ -300,10 +308,15 @@ def slurm_kill(tag: str, state_dir: str, keep: bool) -> tuple[float | None, list
             if out.status != "ok" or k.execute(RANKS).status != "ok":
                 raise RuntimeError(f"attach failed: {said(out)[-500:]}")
             k.ok("%jaxsys stop --keep-allocation")
+        if mode == "slurmctld down":
+            hosts.stop_controller()
         os.kill(k.pid, signal.SIGKILL)
     finally:
         k.kc.stop_channels()
         k.km.cleanup_resources()
+    if mode == "slurmctld down":
+        time.sleep(OUTAGE_S)  # the outage itself: the watchdog's squeue fails meanwhile
+        hosts.start_controller()
     return attach, pids
 
 
@@ -320,7 +333,7 @@ def slurm_kills(n: int) -> dict | str:
     with slurm.SlurmHosts(2) as hosts:
         for i in range(n):
             tag = new_tag()
-            attach, pids = slurm_kill(tag, state_dir, keep=bool(i % 2))
+            attach, pids = slurm_kill(hosts, tag, state_dir, SLURM_MODES[i % len(SLURM_MODES)])
             killed = time.monotonic()
             if attach is not None:
                 attaches.append(attach)
@@ -378,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     print(load())
     if args.slurm_kills:
         show(
-            f"kernel SIGKILL, private Slurm (running, and kept + reattached in turn; "
-            f"left after TTL {SLURM_TTL_S:g} s + 5 s)",
+            f"kernel SIGKILL, private Slurm (in turn: running; kept and reattached; running "
+            f"with slurmctld down {OUTAGE_S:g} s; left after TTL {SLURM_TTL_S:g} s + 5 s)",
             slurm_kills(args.slurm_kills),
         )
         print(load())
