@@ -295,7 +295,7 @@ def test_the_controller_killed_during_a_cell_is_survived_or_reported(k):
 
 
 @pytest.mark.parametrize("during_cell", [False, True, False][:KERNEL_KILLS])
-def test_a_kernel_killed_leaves_nothing(during_cell):
+def test_a_kernel_killed_leaves_nothing(during_cell, tmp_path):
     tag = new_tag()
     traces = _traces()
     kernel = Kernel(tag)
@@ -305,8 +305,11 @@ def test_a_kernel_killed_leaves_nothing(during_cell):
         assert out.status == "ok", out.stderr
         assert _dirs_of(pid)
         if during_cell:
+            # A profiled cell: each process is writing a trace of its own when it dies.
             _cell_under_way(
-                kernel, "%%multihost\nimport time\nprint('started', flush=True)\ntime.sleep(30)"
+                kernel,
+                f"%%multihost --profile-dir {tmp_path}\n"
+                "import time\nprint('started', flush=True)\ntime.sleep(30)",
             )
         _kill_kernel(kernel)
     finally:
@@ -316,3 +319,4 @@ def test_a_kernel_killed_leaves_nothing(during_cell):
     assert not left, left
     _wait(lambda: not _dirs_of(pid), f"no directory of the killed kernel {pid}", 10)
     assert not _traces() - traces
+    assert not list(tmp_path.iterdir())  # no merged trace of a cell that never ended
