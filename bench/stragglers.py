@@ -1,0 +1,131 @@
+"""The straggler view: is a delayed process named, with the right category, and what it costs.
+
+What is measured
+----------------
+On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
+
+1. **Naming**, per category (host, input, compute): ``--trials`` times, one process drawn
+   at random is delayed ``--ms`` before each step (``%jaxsys slow``), a cell runs 5 steps
+   of a jitted training step whose result spans every process, and the view is read as
+   ``%jaxsys where`` reads it. A trial counts when the delayed process is named with its
+   category over those 5 steps. As many undisturbed trials count a false name.
+2. **Cost**, as a ratio measured side by side in one run (A B A B ...): a cell of 20 steps
+   with the step records on and off. Median cell time with / without.
+
+The issue's figures: ``--trials 40`` at ``--hosts 8`` and ``--hosts 32`` (needs a machine
+with as many cores; on 2 cores the numbers say more about the scheduler than the view).
+
+Usage
+-----
+``python bench/stragglers.py [--hosts N] [--trials N] [--ms N] [--reps N] [--seed N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+from jaxsys_kernel import Cluster
+from jaxsys_kernel import cells as executor
+from jaxsys_kernel.engine.registry import engine_module
+from jaxsys_kernel.magics.actions_where import collect
+
+os.environ.setdefault("JAXSYS_STANDBY", "0")
+arrivals = engine_module("arrivals")
+
+SETUP = """\
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("x",))
+rows = NamedSharding(mesh, P("x"))
+x = jax.make_array_from_process_local_data(rows, np.ones((256, 1024), np.float32))
+w = jnp.ones((1024, 1024), np.float32) * 1e-3
+@jax.jit
+def step(w, x):
+    g = jnp.tanh(x @ w).T @ x / x.shape[0]
+    return w - 1e-3 * g
+"""
+STEPS = "for _ in range({n}):\n    w = step(w, x)\nw.block_until_ready()\n"
+
+
+def run(cluster, code: str) -> float:
+    t0 = time.perf_counter()
+    r = executor.execute(cluster, code, sink=executor.Sink(), timeout=300, known=set())
+    if r.failed():
+        raise SystemExit(f"the cell failed: {r!r}")
+    return time.perf_counter() - t0
+
+
+def call(cluster, ranks, fn, *args):
+    calls = cluster.call(ranks, fn, *args, timeout=60.0)
+    if calls.errors or calls.missing:
+        raise SystemExit(f"{fn}: errors {calls.errors}, no answer from {calls.missing}")
+
+
+def trial(cluster, slow: int | None, ms: float, where: str) -> tuple | None:
+    if slow is not None:
+        call(cluster, [slow], arrivals.slow, ms, where)
+    try:
+        run(cluster, STEPS.format(n=5))
+    finally:
+        if slow is not None:
+            call(cluster, [slow], arrivals.slow, None)
+    return collect(cluster, cluster.ranks).named(5)
+
+
+def naming(cluster, trials: int, ms: float, rng: random.Random) -> None:
+    print(f"naming a {ms:g} ms delay within 5 steps ({trials} trials each):")
+    for where in ("host", "input", "compute"):
+        right = 0
+        for _ in range(trials):
+            p = rng.choice(cluster.ranks)
+            got = trial(cluster, p, ms, where)
+            right += got == (p, where)
+            if got != (p, where):
+                print(f"    p{p} delayed in {where}: named {got}")
+        print(f"  {where:8s} named right {right}/{trials} ({100 * right / trials:.0f} %)")
+    false = sum(trial(cluster, None, ms, "host") is not None for _ in range(trials))
+    print(f"  undisturbed: a false name in {false}/{trials}")
+
+
+def cost(cluster, reps: int) -> None:
+    code = STEPS.format(n=20)
+    on, off = [], []
+    for i in range(reps + 1):
+        call(cluster, cluster.ranks, arrivals.enable)
+        a = run(cluster, code)
+        call(cluster, cluster.ranks, arrivals.disable)
+        b = run(cluster, code)
+        if i:  # the first pair warms up
+            on.append(a)
+            off.append(b)
+    a, b = statistics.median(on), statistics.median(off)
+    print(f"cost: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, ratio {a / b:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--ms", type=float, default=200.0)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    opts = ap.parse_args()
+    cluster = Cluster(hosts=opts.hosts, devices_per_host=1, progress=lambda e: None)
+    cluster.start_sync()
+    try:
+        run(cluster, SETUP)
+        call(cluster, cluster.ranks, arrivals.enable)
+        run(cluster, STEPS.format(n=5))  # compiles the step
+        naming(cluster, opts.trials, opts.ms, random.Random(opts.seed))
+        cost(cluster, opts.reps)
+    finally:
+        cluster.kill()
+    print("load average: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()
