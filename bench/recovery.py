@@ -8,15 +8,19 @@ process gets:
 
 * ``kill``: SIGKILL (the process dies; the others wait in a collective),
 * ``term``: SIGTERM, a preemption notice (JAX's sync point makes every process save the same
-  step and return).
+  step and return),
+* ``stop``: SIGSTOP (alive but stuck: JAX's heartbeat timeout, ``--heartbeat``, declares it
+  dead, the others fail, and the hang policy names it stuck),
+* ``kill0``: SIGKILL to process 0, which hosts the coordination service (every process ends).
 
 jaxsys then restarts the world and the same call resumes from the latest checkpoint. Per fault
 kind the script prints: **detected** (seconds from the signal to the cell being judged failed,
-after ``--grace``, or to the preemption save), **restart** (the world's restart, seconds),
+after ``--grace``, or to the preemption save, or to the cell's end when no process is left), **restart** (the world's restart, seconds),
 **next good step** (seconds from detection to the first step the resumed run prints: the
 restart, the imports, the restore and the first compiled step), **recomputed** (steps done before the fault that the resume does
 again), whether the final parameters and optimizer state are **bitwise equal** to the
-reference, and the load average. It also prints the steps per second of the reference.
+reference, **goodput** (the reference's seconds for the steps over the wall seconds from the
+faulty run's start to the resumed run's end, restart included), and the load average. It also prints the steps per second of the reference.
 
 Usage: ``python bench/recovery.py [--trials N] [--hosts H --devices D] [--steps S --every K]``
 """
@@ -52,6 +56,12 @@ r = {{k: r[k] for k in ("step", "start", "preempted", "fingerprint")}}
 print("RESULT", jax.process_index(), json.dumps(r))
 """
 STEP = re.compile(r"step (\d+) loss")
+SIGNALS = {
+    "kill": signal.SIGKILL,
+    "term": signal.SIGTERM,
+    "stop": signal.SIGSTOP,
+    "kill0": signal.SIGKILL,
+}
 WAIT_LIMIT = 120.0
 
 
@@ -84,8 +94,9 @@ def train_cell(cluster, args, ckpt: str, marks: str, judged: list) -> tuple[Time
     code = TRAIN.format(steps=args.steps, ckpt=ckpt, every=args.every, marks=marks)
 
     def on_hang(_run):
+        # Stop waiting: the trial restarts the world (a stopped process never answers).
         judged.append(time.monotonic())
-        return "report"
+        return "restart"
 
     run = executor.execute(
         cluster, code, sink=sink, timeout=WAIT_LIMIT, grace=args.grace, on_hang=on_hang
@@ -131,14 +142,18 @@ def trial(cluster, args, kind: str, ref: str, tmp: str) -> dict:
     # In the first half, so that a preemption notice has time to reach every process.
     at = random.randint(2, args.steps // 2)
     rank = random.randrange(len(cluster.processes))
-    sig = signal.SIGKILL if kind == "kill" else signal.SIGTERM
+    sig = SIGNALS[kind]
+    if kind == "kill0":
+        rank = 0
     sent: list[float] = []
     judged: list[float] = []
     sender = threading.Thread(target=fault_at, args=(cluster, marks, at, rank, sig, sent))
     sender.start()
+    t_start = time.monotonic()
     sink, _run = train_cell(cluster, args, ckpt, marks, judged)
+    ended = time.monotonic()
     sender.join()
-    detected = sink.saved_at if kind == "term" else (judged[0] if judged else None)
+    detected = sink.saved_at if kind == "term" else (judged[0] if judged else ended)
     before = max(sink.steps, default=0)
     same_step = None
     if kind == "term":
@@ -148,6 +163,7 @@ def trial(cluster, args, kind: str, ref: str, tmp: str) -> dict:
     restart = fresh_world(cluster)
     resumed, run = train_cell(cluster, args, ckpt, tempfile.mkdtemp(dir=tmp), [])
     executor.raise_for_run(run)
+    wall = time.monotonic() - t_start
     got = results(resumed.text)
     start = got[0]["start"]
     first = min(resumed.steps.values(), default=None)
@@ -160,10 +176,13 @@ def trial(cluster, args, kind: str, ref: str, tmp: str) -> dict:
         "recomputed": max(0, before - start),
         "equal": all(r["fingerprint"] == ref for r in got.values()),
         "same_step": same_step,
+        "wall": wall,
     }
 
 
-def summary(kind: str, rows: list[dict]) -> str:
+def summary(kind: str, rows: list[dict], productive: float) -> str:
+    """One line per fault kind; ``productive``: the reference's seconds for the steps."""
+
     def stat(key):
         vals = [r[key] for r in rows if r[key] is not None]
         return f"{max(vals):.2f}" if vals else "-"
@@ -173,6 +192,7 @@ def summary(kind: str, rows: list[dict]) -> str:
         f"{kind:5} trials {len(rows)}  detected <= {stat('detect')} s  "
         f"restart <= {stat('restart')} s  next good step <= {stat('next_good')} s  recomputed <= "
         f"{max(r['recomputed'] for r in rows)} steps  bitwise equal {equal}/{len(rows)}"
+        f"  goodput >= {min(productive / r['wall'] for r in rows):.2f}"
     )
     if kind == "term":
         # Counted only when every process stopped at the sync point, at one step.
@@ -188,16 +208,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=5, help="checkpoint interval in steps")
     ap.add_argument("--grace", type=float, default=1.0, help="seconds before a cell is hung")
-    ap.add_argument("--kinds", default="kill,term", help="kill,term; empty: the reference only")
+    ap.add_argument(
+        "--kinds", default="kill,term,stop,kill0", help="of kill,term,stop,kill0 (empty: none)"
+    )
+    ap.add_argument(
+        "--heartbeat", type=float, default=3.0, help="JAX's heartbeat timeout (stop's detection)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
-    if set(kinds) - {"kill", "term"}:
-        ap.error(f"--kinds takes kill and term, comma-separated (got {args.kinds!r})")
+    if set(kinds) - set(SIGNALS):
+        ap.error(f"--kinds takes {','.join(SIGNALS)}, comma-separated (got {args.kinds!r})")
     random.seed(args.seed)
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="jaxsys-recovery-") as tmp:
-        cluster = Cluster(hosts=args.hosts, devices_per_host=args.devices, progress=lambda e: None)
+        cluster = Cluster(
+            hosts=args.hosts,
+            devices_per_host=args.devices,
+            heartbeat_timeout=args.heartbeat,
+            progress=lambda e: None,
+        )
         cluster.start_sync()
         try:
             executor.raise_for_run(executor.execute(cluster, SETUP, sink=Timed()))
@@ -207,7 +237,7 @@ def main() -> None:
                 rows = [trial(cluster, args, kind, ref, tmp) for _ in range(args.trials)]
                 for r in rows:
                     print(f"  {kind} {r}")
-                print(summary(kind, rows))
+                print(summary(kind, rows, args.steps / rate))
         finally:
             cluster.kill()
     left = [p.pid for p in psutil.Process().children(recursive=True)]
