@@ -34,6 +34,8 @@ EXPECTED = {
         # an array over processes 0 and 1 only: the others pass arrays=[]
         "[p0] blocks passed: 2 | shards held: [[[0]], [[1]]]",
         "[p2-3] blocks passed: 0 | shards held: []",
+        "[p0-3] exercise 1: correct",
+        "[p0-3] exercise 2: correct",
     ],
     "00-quickstart.ipynb": [
         # the toy program by hand: two plain processes, each calling initialize itself
@@ -55,6 +57,9 @@ EXPECTED = {
         "    process_id=1,",
         # initialize() without arguments, from the SLURM_* variables
         "process 1 of 2, devices in the world: 2",
+        # the exercises' checks pass with the answers shipped
+        "[p0-1] exercise 1: correct",
+        "[p0-1] exercise 2: correct, process 0",
     ],
     "02-data-loading.ipynb": [
         # a model replica on one process's two devices, in plain JAX
