@@ -176,3 +176,16 @@ def test_the_text_view_names_the_straggler_and_summarises_many_processes():
     quiet = render(feed(Stragglers(range(3)), run(3, 3)))
     assert "no process held the others up" in quiet and "within the noise" in quiet
     assert "no step" in render(Stragglers([0, 1]))
+
+
+def test_at_1024_processes_the_view_names_the_one_and_stays_short():
+    import time
+
+    t0 = time.perf_counter()
+    view = feed(Stragglers(range(1024)), run(1024, 5, slow=977, where="compile"))
+    text = render(view)
+    took = time.perf_counter() - t0
+    assert view.named() == (977, "compile")
+    assert len(text.splitlines()) < 40, text
+    assert "1014 more processes" in text
+    assert took < 10, took
