@@ -152,7 +152,11 @@ def _stacks(c: Call) -> Result:
 
 
 def _kill(c: Call) -> Result:
-    took = c.session.kill_process(c.rank, c.options.get("signal", "KILL"))
+    sig = c.options.get("signal", "KILL")
+    took = c.session.kill_process(c.rank, sig)
+    if sig in ("TERM", "INT"):
+        # Sent, not waited for: the program decides what a notice or an interrupt does.
+        return Result(True, "ok", f"sent SIG{sig} to p{c.rank}", took=took)
     return Result(True, "ok", f"p{c.rank} killed (gone after {took:.2f} s)", took=took)
 
 

@@ -240,3 +240,10 @@ def test_a_reply_has_the_declared_fields():
     comms.on_msg({"content": {"data": {"type": "command", "action": "restart", "id": "b"}}})
     (reply,) = [m for m in comm.sent if m.get("type") == "reply"]
     assert list(reply) == list(protocol.INTERFACES["IReply"]) and reply["ok"] is True
+
+
+def test_a_preemption_notice_is_said_sent_not_killed():
+    s = Recorder()
+    result = commands.run(s, "kill", 1, surface="jaxsys", options={"signal": "TERM"})
+    assert s.calls == [("kill_process", 1, "TERM")]
+    assert result.message == "sent SIGTERM to p1"
