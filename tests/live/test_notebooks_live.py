@@ -84,6 +84,13 @@ EXPECTED = {
         "  p0       d0-1        1      1     1.0 MiB  50.0%  p1",
         "  p3       d6144-6145  1      1     1.0 MiB  50.0%  p1",
         "[p2-3] sum of the 'replicated' batch: 160.0",
+        # plain JAX before each helper: one read per device, so replicated slices twice
+        "[p0-3] plain JAX read 0.50 MiB for my 2 devices",
+        "[p0-3] read 0.50 MiB in one run",
+        "[p0-3] plain JAX read 4.00 MiB for my 2 devices",
+        "[p0-3] plain JAX read 2.00 MiB for my 2 devices",
+        "[p0-3] plain JAX read 1.00 MiB for my 2 devices",
+        "[p0-3] exercise 1: correct",
     ],
     "03-fault-tolerance.ipynb": [
         # Without process prefixes: survivors may see the failure a collation window apart.
@@ -171,6 +178,8 @@ EXPECTED = {
         "{0: 'dead', 1: 'dead', 2: 'dead'}",
     ],
     "05b-shape-polymorphism.ipynb": [
+        # the exercise's check passes with the answer shipped: one export, 8 and 12 rows
+        "[p0] exercise 1: correct, input shape (4*k, 3)",
         "reshape (b, 6) -> (-1, 2): float32[3*b,2]",
         "10 x the length of a 7-vector: 70",
         "Python max: InconclusiveDimensionOperation",
