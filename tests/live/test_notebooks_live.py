@@ -195,7 +195,12 @@ EXPECTED = {
         # refinement logged: symbolic tensors before the pass, none after
         "after StablehloRefineShapesPass: 0 tensors with a symbolic dimension",
     ],
+    "09-divergence-and-timelines.ipynb": [
+        # the exercise's check: every process uses process 0's batch size
+        "[p0-3] exercise 1: correct, batch size 16",
+    ],
     "07-transfer-guard.ipynb": [
+        "[p0-1] exercise 1: correct",
         "explicit jax.device_put under log_explicit: ran",
         # a refusal per process, naming its own device
         "host-to-device transfer of shape (8), dtype float32, from host memory to device cpu:",
@@ -214,6 +219,7 @@ EXPECTED = {
         "explicit: ran",
     ],
     "08-threads-pipelines-and-multihost-utils.ipynb": [
+        "[p0-1] exercise 1: correct, [0, 1]",
         "[p1] stage-one output has local data here: False",
         "[p1] matches NumPy: True",
         # the thread guard in plain JAX; a pipeline overlapped without threads
