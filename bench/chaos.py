@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import statistics
 import sys
@@ -233,6 +234,15 @@ def outcome_after_restart(k: Kernel, named: str) -> str:
 # -- the kernel killed ------------------------------------------------------------------------
 
 
+def start_problem(k: Kernel) -> str | None:
+    """Why ``START`` failed in ``k`` (None when it worked); a hang is a failure too."""
+    try:
+        out = k.execute(START.format(standby=0), timeout=WAIT_S)
+    except (TimeoutError, queue.Empty):
+        return f"no answer within {WAIT_S:g} s"
+    return None if out.status == "ok" else said(out)[-300:]
+
+
 def kernel_kills(n: int) -> dict:
     """The kernel SIGKILLed ``n`` times, idle and during a cell in turn."""
     times, left_procs, left_dirs, left_traces, failed = [], 0, 0, 0, 0
@@ -241,8 +251,10 @@ def kernel_kills(n: int) -> dict:
         k = Kernel(tag)
         pid = k.pid
         try:
-            if k.execute(START.format(standby=0), timeout=WAIT_S).status != "ok":
+            why = start_problem(k)
+            if why:
                 failed += 1
+                print(f"  kill {i + 1}: the cluster did not start: {why}", flush=True)
             elif i % 2:
                 cell_under_way(k)
             t0 = time.monotonic()
