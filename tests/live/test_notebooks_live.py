@@ -170,6 +170,7 @@ EXPECTED = {
         "learned w: [ 2.  -1.   0.5  3. ]",
     ],
     "03b-deaths-recoverability-cannot-absorb.ipynb": [
+        "exercise 1: correct",
         "[p0-2] sum over all three processes: 12.0",
         # one survivor hears from gloo, the other waits in the collective
         "Connection closed by peer",
@@ -255,6 +256,7 @@ EXPECTED = {
         "[p0-1] preempted: True | saved step ",
     ],
     "04-security.ipynb": [
+        "exercise 1: correct",
         "did it join? False",
         "connection(s) from 127.0.0.1: it hung up during the handshake",
         "from 127.0.0.1: it presented no certificate",
