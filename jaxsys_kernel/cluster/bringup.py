@@ -31,8 +31,13 @@ MISSING_ASK_S = 5.0
 # Missing processes whose output a registration timeout shows.
 MISSING_SHOWN = 3
 _POLL_S = 0.05
+# Seconds each round of asking the processes whether they are ready waits for answers.
+READY_ASK_S = 2.0
+# Not-ready processes named in the progress line.
+NOT_READY_SHOWN = 3
 
 bootstrap = engine_module("bootstrap")
+readiness = engine_module("readiness")
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -284,6 +289,59 @@ async def take_over(world, spares: dict) -> dict[int, dict]:
     return infos
 
 
+# -- readiness -----------------------------------------------------------------------------
+
+
+def _not_ready_text(doing: dict[int, str]) -> str:
+    shown = [f"p{r} ({what})" for r, what in sorted(doing.items())[:NOT_READY_SHOWN]]
+    more = len(doing) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+async def _ask_ready(world, ranks: Sequence[int]) -> dict[int, str]:
+    """What each process not yet ready is doing (``not answering`` when it did not say)."""
+    ars = {
+        r: world.client[world.processes[r].engine_id].apply_async(readiness.state)
+        for r in ranks
+    }
+    end = time.monotonic() + READY_ASK_S
+    while time.monotonic() < end and not all(ar.done() for ar in ars.values()):
+        await asyncio.sleep(_POLL_S)
+    doing = {}
+    for r, ar in ars.items():
+        told = ar.get() if ar.done() and ar.exception() is None else None
+        if not isinstance(told, dict) or told.get("ready") is not True:
+            what = told.get("doing") if isinstance(told, dict) else None
+            doing[r] = str(what)[:40] if what else "not answering"
+    return doing
+
+
+async def wait_ready(world, deadline: float, ranks: Sequence[int] | None = None) -> None:
+    """Wait until every process has done its start-up imports, before any joins JAX.
+
+    JAX's initialisation timeout starts when a process joins; a process still importing
+    (a slow file system) would make the others' joins time out. While some are not
+    ready, the progress names them and what they are doing.
+    """
+    ranks = world.ranks if ranks is None else list(ranks)
+    waiting = list(ranks)
+    while waiting:
+        doing = await _ask_ready(world, waiting)
+        waiting = sorted(doing)
+        stage = "processes ready" + (f"; waiting for {_not_ready_text(doing)}" if doing else "")
+        world.report(stage, len(ranks) - len(waiting), len(ranks))
+        dead = {r: why for r in waiting if (why := launcher_failure(world, r))}
+        if dead:
+            r, why = next(iter(dead.items()))
+            raise ClusterStartError(f"process {r} {why}")
+        if waiting and time.monotonic() > deadline:
+            raise ClusterStartError(
+                f"processes not ready before the start's deadline: {_not_ready_text(doing)}"
+            )
+        if waiting:
+            await asyncio.sleep(_POLL_S * 4)
+
+
 # -- JAX initialisation ---------------------------------------------------------------------
 
 
@@ -396,6 +454,7 @@ async def bring_up_engines(
     if spares:
         infos.update(await take_over(world, spares))
     world.processes = [ProcessInfo.from_description(r, infos[r]) for r in world.ranks]
+    await wait_ready(world, deadline)
     await init_jax(world, world.config.init_timeout + 5)
     make_view(world)
 

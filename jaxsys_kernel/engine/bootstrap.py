@@ -12,7 +12,7 @@ import threading
 import time
 
 from .. import _compat, contract
-from . import ports, preemption
+from . import ports, preemption, readiness
 from .state import STATE
 
 # Launchers put the rank in different variables (see contract.RANK_VARIABLES).
@@ -23,6 +23,7 @@ OUTPUT_FLUSH_INTERVAL = 0.05
 # Set for engines on other hosts: their stack dumps reach the kernel as telemetry.
 ENV_STACKS_RELAY = contract.RELAY_STACKS
 STACK_RELAY_INTERVAL = 0.1
+GO_WAIT_S = readiness.GO_WAIT_S
 MAX_STACK_DUMP = 256 * 1024
 
 
@@ -232,6 +233,9 @@ class _EarlyInit:
 
     def __init__(self):
         self.done = threading.Event()
+        # Set by the kernel's initialize(): every process is ready, join now.
+        self.go = threading.Event()
+        self.doing = "starting"
         self.coordinator: str | None = None
         self.result: dict | None = None
         self.error: BaseException | None = None
@@ -293,6 +297,8 @@ def start_early_init() -> None:
 
     def run():
         try:
+            early.doing = "importing JAX"
+            time.sleep(readiness.import_delay(process_rank()))
             # Deferred: this thread exists to import JAX while the engine registers.
             import jax  # noqa: F401 - the import is the point
 
@@ -303,6 +309,12 @@ def start_early_init() -> None:
             if coordinator:
                 if env.num_processes is None:
                     raise RuntimeError(f"${contract.NUM_PROCESSES} is not set")
+                # Joining starts JAX's initialisation timeout: wait until every process
+                # has imported, which the kernel says by calling initialize().
+                early.doing = "ready"
+                if not early.go.wait(GO_WAIT_S):
+                    raise TimeoutError(f"no word to join within {GO_WAIT_S:g} s")
+                early.doing = "joining"
                 early.result = _join(
                     coordinator,
                     env.num_processes,
@@ -357,6 +369,7 @@ def initialize(
     own_credentials()
     early = STATE.boot.early
     if early is not None and early.coordinator == coordinator_address:
+        early.go.set()
         if not early.done.wait(timeout):
             raise TimeoutError(f"process {rank} did not join within {timeout:g} s")
         if early.error is not None:

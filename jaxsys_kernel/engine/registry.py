@@ -29,6 +29,7 @@ ENGINE_FUNCTIONS: dict[str, frozenset[str]] = {
     "output": frozenset({"log_tail", "log_path"}),
     "profiling": frozenset({"clock", "discard", "trace_info", "read_trace", "start", "stop"}),
     "arrivals": frozenset({"disable", "enable", "records", "slow"}),
+    "readiness": frozenset({"state"}),
 }
 
 

@@ -1,0 +1,62 @@
+"""The readiness gate: no process joins JAX before every one has done its imports.
+
+A process slow to import (played by ``JAXSYS_IMPORT_DELAY``, read by the engine's early
+start-up) is named in the progress while the others wait, and the start succeeds with an
+initialisation timeout far shorter than the delay.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from jaxsys_kernel import Cluster, ClusterStartError
+
+from ..harness import run_on, wait_no_processes
+
+
+def test_a_process_slow_to_import_is_named_and_no_join_times_out(tag):
+    seen = []
+    c = Cluster(
+        hosts=2,
+        devices_per_host=1,
+        process_env={1: {"JAXSYS_IMPORT_DELAY": "1:12"}},
+        progress=seen.append,
+        init_timeout=4,
+    )
+    try:
+        c.start_sync()
+        assert "2" in run_on(c, "import jax; print(jax.process_count())")
+    finally:
+        c.kill()
+    stages = [e.stage for e in seen]
+    assert any("waiting for p1 (importing JAX)" in s for s in stages), stages
+    assert not any("p0 (" in s for s in stages), stages
+    assert not wait_no_processes(tag, timeout=10)
+
+
+def test_a_process_dying_while_the_others_wait_for_it_is_named_at_once(tag):
+    killed = []
+
+    def progress(event):
+        if "waiting for p1" in event.stage and not killed:
+            pid = c.world.processes[1].pid
+            killed.append(time.monotonic())
+            os.kill(pid, signal.SIGKILL)
+
+    c = Cluster(
+        hosts=2,
+        devices_per_host=1,
+        process_env={1: {"JAXSYS_IMPORT_DELAY": "1:60"}},
+        progress=progress,
+        init_timeout=4,
+    )
+    with pytest.raises(ClusterStartError, match="process 1 ") as info:
+        c.start_sync()
+    took = time.monotonic() - killed[0]
+    assert took < 10, (took, str(info.value))
+    assert c.state == "stopped"
+    assert not wait_no_processes(tag, timeout=10)
