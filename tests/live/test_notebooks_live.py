@@ -115,6 +115,7 @@ EXPECTED = {
         "(4 from the standby)",
     ],
     "05-export-and-shape-polymorphism.ipynb": [
+        "[p0-1] exercise 1: correct",
         "f32[4*b, 16]",
         "b >= 1, b <= 256",
         "no (exported for cuda, tpu; this process is cpu)",
