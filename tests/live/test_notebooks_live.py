@@ -147,6 +147,7 @@ EXPECTED = {
         "default_export_platform(): cpu",
     ],
     "06-compilation-cache.ipynb": [
+        "[p0-1] exercise 1: correct",
         # the cache runs what an entry holds: swapped files, swapped functions
         "after swap: plus_one(2) = 20.0 | times_ten(2) = 3.0",
         "jit_train_step",
