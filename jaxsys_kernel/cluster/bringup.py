@@ -35,6 +35,9 @@ _POLL_S = 0.05
 READY_ASK_S = 2.0
 # Not-ready processes named in the progress line.
 NOT_READY_SHOWN = 3
+# Seconds of waiting before the progress line names the processes not ready, and between
+# two changes of those names (each change is a new line under the cell).
+READY_NAME_S = 2.0
 
 bootstrap = engine_module("bootstrap")
 readiness = engine_module("readiness")
@@ -301,8 +304,7 @@ def _not_ready_text(doing: dict[int, str]) -> str:
 async def _ask_ready(world, ranks: Sequence[int]) -> dict[int, str]:
     """What each process not yet ready is doing (``not answering`` when it did not say)."""
     ars = {
-        r: world.client[world.processes[r].engine_id].apply_async(readiness.state)
-        for r in ranks
+        r: world.client[world.processes[r].engine_id].apply_async(readiness.state) for r in ranks
     }
     end = time.monotonic() + READY_ASK_S
     while time.monotonic() < end and not all(ar.done() for ar in ars.values()):
@@ -324,11 +326,16 @@ async def wait_ready(world, deadline: float, ranks: Sequence[int] | None = None)
     ready, the progress names them and what they are doing.
     """
     ranks = world.ranks if ranks is None else list(ranks)
-    waiting = list(ranks)
+    waiting, stage = list(ranks), "processes ready"
+    named_at = time.monotonic()
     while waiting:
         doing = await _ask_ready(world, waiting)
         waiting = sorted(doing)
-        stage = "processes ready" + (f"; waiting for {_not_ready_text(doing)}" if doing else "")
+        if not doing:
+            stage = "processes ready"
+        elif time.monotonic() - named_at > READY_NAME_S:
+            stage = f"processes ready; waiting for {_not_ready_text(doing)}"
+            named_at = time.monotonic()
         world.report(stage, len(ranks) - len(waiting), len(ranks))
         dead = {r: why for r in waiting if (why := launcher_failure(world, r))}
         if dead:
