@@ -11,13 +11,17 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    category over those 5 steps. As many undisturbed trials count a false name.
 2. **Cost**, as a ratio measured side by side in one run (A B A B ...): a cell of 20 steps
    with the step records on and off. Median cell time with / without.
+3. **Readiness gate** (``--import-delay S``, 0 skips it): a cluster of ``--hosts``
+   processes whose last process waits ``S`` seconds before importing JAX, started with
+   ``--init-timeout`` seconds (``--starts`` times): starts that succeeded, and their time.
 
 The issue's figures: ``--trials 40`` at ``--hosts 8`` and ``--hosts 32`` (needs a machine
 with as many cores; on 2 cores the numbers say more about the scheduler than the view).
 
 Usage
 -----
-``python bench/stragglers.py [--hosts N] [--trials N] [--ms N] [--reps N] [--seed N]``
+``python bench/stragglers.py [--hosts N] [--trials N] [--ms N] [--reps N] [--seed N]
+[--import-delay S] [--init-timeout S] [--starts N]``
 """
 
 from __future__ import annotations
@@ -106,6 +110,33 @@ def cost(cluster, reps: int) -> None:
     print(f"cost: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, ratio {a / b:.3f}")
 
 
+def gate(hosts: int, delay: float, init_timeout: float, starts: int) -> None:
+    last = hosts - 1
+    ok, took = 0, []
+    for _ in range(starts):
+        c = Cluster(
+            hosts=hosts,
+            devices_per_host=1,
+            process_env={last: {"JAXSYS_IMPORT_DELAY": f"{last}:{delay:g}"}},
+            progress=lambda e: None,
+            init_timeout=init_timeout,
+        )
+        t0 = time.perf_counter()
+        try:
+            c.start_sync()
+            ok += 1
+            took.append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - a failed start is what is counted
+            print(f"    start failed: {str(e).splitlines()[0]}")
+        finally:
+            c.kill()
+    spent = f", {statistics.median(took):.1f} s median" if took else ""
+    print(
+        f"readiness gate: p{last} {delay:g} s slow to import, --init-timeout {init_timeout:g}: "
+        f"{ok}/{starts} starts succeeded, {starts - ok} initialization timeouts{spent}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
@@ -113,6 +144,9 @@ def main() -> None:
     ap.add_argument("--ms", type=float, default=200.0)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--import-delay", type=float, default=20.0)
+    ap.add_argument("--init-timeout", type=float, default=5.0)
+    ap.add_argument("--starts", type=int, default=2)
     opts = ap.parse_args()
     cluster = Cluster(hosts=opts.hosts, devices_per_host=1, progress=lambda e: None)
     cluster.start_sync()
@@ -124,6 +158,8 @@ def main() -> None:
         cost(cluster, opts.reps)
     finally:
         cluster.kill()
+    if opts.import_delay > 0:
+        gate(opts.hosts, opts.import_delay, opts.init_timeout, opts.starts)
     print("load average: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
