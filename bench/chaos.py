@@ -348,8 +348,10 @@ def slurm_kills(n: int) -> dict | str:
         return f"skipped: no private Slurm here ({reason})"
     jobs = procs = dirs = 0
     attaches: list[float] = []
-    state_dir = tempfile.mkdtemp(prefix="jaxsys-chaos-state-")
-    with slurm.SlurmHosts(2) as hosts:
+    with (
+        tempfile.TemporaryDirectory(prefix="jaxsys-chaos-state-") as state_dir,
+        slurm.SlurmHosts(2) as hosts,
+    ):
         for i in range(n):
             tag = new_tag()
             attach, pids = slurm_kill(hosts, tag, state_dir, SLURM_MODES[i % len(SLURM_MODES)])
@@ -380,7 +382,7 @@ def show(title: str, figures: dict | str) -> None:
         print(f"  {figures}")
         return
     for key, value in figures.items():
-        print(f"  {key:32} {value:.2f}" if isinstance(value, float) else f"  {key:32} {value}")
+        print(f"  {key:34} {value:.2f}" if isinstance(value, float) else f"  {key:34} {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
