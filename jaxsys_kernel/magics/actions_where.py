@@ -7,9 +7,11 @@ import argparse
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import publish_display_data
 
 from ..cells import timeline
 from ..cells.stragglers import Stragglers
+from ..cells.stragglers_svg import where_svg
 from ..cells.stragglers_view import STEPS, TOP, render
 from ..engine.registry import engine_module
 from .actions_args import count, rank
@@ -63,8 +65,9 @@ def where(session, args: argparse.Namespace) -> None:
     cell: the kernel measures each process's clock against its own, puts the records on one
     clock, and says per step which process arrived last, by how much, and in what
     (``start``, ``input``, ``host``, ``compile``, ``compute``), then each process's time
-    per step as a bar (input, host, compile, compute, waiting for the others). At many
-    processes it lists the ``--top`` that waited least and a histogram of the rest.
+    per step as a bar (input, host, compile, compute, waiting for the others), as text and
+    as a picture kept in the saved notebook. At many processes it lists the ``--top`` that
+    waited least and a histogram of the rest.
 
     Examples
     --------
@@ -85,7 +88,11 @@ def where(session, args: argparse.Namespace) -> None:
             raise UsageError(f"%jaxsys where {args.mode}: refused on {refused}")
         print(f"jaxsys: step arrivals are recorded {args.mode} on processes {ranks}")
         return
-    print(render(collect(cluster, ranks), args.steps, args.top))
+    view = collect(cluster, ranks)
+    bundle = {"text/plain": render(view, args.steps, args.top)}
+    if view.findings:
+        bundle["image/svg+xml"] = where_svg(view, args.top)
+    publish_display_data(bundle)
 
 
 @magic_arguments("jaxsys slow")

@@ -30,6 +30,14 @@ print("total", float(y))
 """
 
 
+def shown(kernel) -> str:
+    """The text of ``%jaxsys where``, checking that its picture came with it."""
+    out = kernel.ok("%jaxsys where")
+    (bundle,) = out.displays
+    assert bundle["image/svg+xml"].startswith("<svg") and "p0" in bundle["image/svg+xml"]
+    return bundle["text/plain"]
+
+
 @pytest.fixture(scope="module")
 def k(tag):
     with kernel_with_cluster(tag, START) as kernel:
@@ -42,7 +50,7 @@ def k(tag):
 
 def test_an_undisturbed_run_names_no_one(k):
     assert "total 128.0" in k.ok(STEPS).stdout
-    view = k.ok("%jaxsys where").stdout
+    view = shown(k)
     assert "no process held the others up beyond the noise (5 steps)" in view, view
     assert "p0" in view and "p1" in view
 
@@ -55,7 +63,7 @@ def test_a_200_ms_delay_on_p1_is_named_with_its_category_within_5_steps(k, where
         assert "total 128.0" in k.ok(STEPS).stdout
     finally:
         assert "p1: no delay" in k.ok("%jaxsys slow 1 --off").stdout
-    view = k.ok("%jaxsys where").stdout
+    view = shown(k)
     assert f"jaxsys: p1 held the others up, in {where} (5 steps)" in view, view
     assert "p1 arrived last, late by 2" in view, view
 

@@ -189,3 +189,18 @@ def test_at_1024_processes_the_view_names_the_one_and_stays_short():
     assert len(text.splitlines()) < 40, text
     assert "1014 more processes" in text
     assert took < 10, took
+
+
+def test_the_picture_draws_a_bar_per_listed_process_with_tooltips():
+    import xml.etree.ElementTree as ET
+
+    from jaxsys_kernel.cells.stragglers_svg import where_svg
+
+    svg = where_svg(feed(Stragglers(range(64)), run(64, 5, slow=3, where="host")))
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    labels = [t.text for t in root.iter(f"{ns}text")]
+    assert labels[0].startswith("p3 held the others up, in host")
+    assert sum(1 for x in labels if x and x[0] == "p" and x[1:].isdigit()) == 10
+    tips = [t.text for t in root.iter(f"{ns}title")]
+    assert "p3 host 202.0 ms" in tips
