@@ -19,8 +19,10 @@ from .actions_args import count, rank
 __all__ = ["slow", "where"]
 
 arrivals = engine_module("arrivals")
-# Steps fetched from each process: the latest ones (each record is some 200 bytes).
+# Steps fetched from each process: the latest ones (each record is some 200 bytes), and
+# at most this many records from all processes together (some 40 MB).
 FETCH_STEPS = 2000
+FETCH_TOTAL = 200_000
 _WHERE = ("host", "input", "compute")
 
 
@@ -41,10 +43,11 @@ def collect(cluster, ranks) -> Stragglers:
         {r: o.seconds for r, o in offsets.items()},
         {r: o.error for r, o in offsets.items()},
     )
-    for r, told in _answers(cluster, ranks, arrivals.records, FETCH_STEPS).items():
+    each = max(5, min(FETCH_STEPS, FETCH_TOTAL // max(1, len(ranks))))
+    for r, told in _answers(cluster, ranks, arrivals.records, each).items():
         steps = told.get("steps") if isinstance(told, dict) else None
-        if not isinstance(steps, list) or len(steps) > FETCH_STEPS:
-            view.refused[r] = f"its answer is not a list of at most {FETCH_STEPS} steps"
+        if not isinstance(steps, list) or len(steps) > each:
+            view.refused[r] = f"its answer is not a list of at most {each} steps"
             continue
         for record in steps:
             view.add(r, record)
