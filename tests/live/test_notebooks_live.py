@@ -168,6 +168,7 @@ EXPECTED = {
         "with shard_map, after run 2: 1 entry for the same function",
     ],
     "06b-compilation-cache-dashboard.ipynb": [
+        "[p0] exercise 1: correct, 3 programs read back",
         # a training loop that recompiles
         "learned w: [ 2.  -1.   0.5  3. ]",
     ],
