@@ -119,7 +119,12 @@ def _apply_jax_settings(env: dict[str, str], imported: dict[str, str]) -> None:
 
 
 def _become_engine(
-    request: dict, fds: list[int], closing: list, close_fds: list[int], imported: dict
+    request: dict,
+    fds: list[int],
+    closing: list,
+    close_fds: list[int],
+    imported: dict,
+    server_pid: int,
 ) -> None:
     """In the forked child: take the stand-in's streams and environment, run the engine,
     and never return into the server's loop."""
@@ -140,8 +145,10 @@ def _become_engine(
         lifeline = socket.socket(fileno=fds[3])
         env = dict(request["env"])
         # The engine's parent-death check (profile config) now watches this server,
-        # which itself dies with the kernel.
-        env[contract.PARENT_PID] = str(os.getppid())
+        # which itself dies with the kernel. Its pid as known before the fork: had the
+        # server died since, getppid() would name whoever adopted this child, and the
+        # check would pass.
+        env[contract.PARENT_PID] = str(server_pid)
         os.environ.clear()
         os.environ.update(env)
         cwd = request.get("cwd") or os.getcwd()
@@ -348,6 +355,7 @@ class ForkServer:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        server_pid = os.getpid()
         try:
             pid = os.fork()
         except OSError as e:
@@ -361,6 +369,7 @@ class ForkServer:
                 [self.sel, self.listener, pending.conn, *self.children.values(), *self.pending],
                 [self._wake_r, self._wake_w, *(fd for p in self.pending.values() for fd in p.fds)],
                 self.imported,
+                server_pid,
             )
         pending.close_fds()
         self.children[pid] = pending.conn
