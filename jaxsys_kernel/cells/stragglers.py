@@ -162,14 +162,18 @@ class Stragglers:
             self.findings[-KEEP_PARTS - 1].parts = {}
 
     def named(self, steps: int = 5) -> tuple[int, str] | None:
-        """The process and category named in most of the last ``steps`` steps, if most."""
+        """The process and category named in most of the last ``steps`` steps, if any is.
+
+        A different process late at each step (a busy machine's scheduling) names no one.
+        """
         recent = [f for f in self.findings[-steps:] if f.named]
-        if not recent or 2 * len(recent) <= min(steps, len(self.findings)):
-            return None
         votes: dict[tuple[int, str], int] = {}
         for f in recent:
             votes[(f.last, f.category)] = votes.get((f.last, f.category), 0) + 1
-        return max(votes, key=lambda k: (votes[k], -k[0]))
+        if not votes:
+            return None
+        top = max(votes, key=lambda k: (votes[k], -k[0]))
+        return top if 2 * votes[top] > min(steps, len(self.findings)) else None
 
     def breakdown(self) -> dict[int, dict[str, float]]:
         """Per process, the mean seconds per step in each part over the analysed steps."""

@@ -204,3 +204,19 @@ def test_the_picture_draws_a_bar_per_listed_process_with_tooltips():
     assert sum(1 for x in labels if x and x[0] == "p" and x[1:].isdigit()) == 10
     tips = [t.text for t in root.iter(f"{ns}title")]
     assert "p3 host 202.0 ms" in tips
+
+
+def test_a_different_late_process_at_each_step_names_no_one():
+    # A busy machine: at each step another process is 50 ms late.
+    records = []
+    for s, late in enumerate([3, 1, 2, 0, 3]):
+        step = run(4, 1, slow=late, delay=0.05, where="host")
+        for r, rec in step:
+            shift = s * 10.0
+            rec = dict(rec, step=s, start=rec["start"] + shift)
+            rec.update(dispatch=rec["dispatch"] + shift, end=rec["end"] + shift)
+            records.append((r, rec))
+    view = feed(Stragglers(range(4)), records)
+    assert all(f.named for f in view.findings)
+    assert view.named() is None
+    assert "no process held the others up" in render(view)
