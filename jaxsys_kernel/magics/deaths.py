@@ -7,6 +7,7 @@ read it (engines on this host), ``%jaxsys logs P`` and a death's explanation rea
 
 from __future__ import annotations
 
+from ..cells.run import NATIVE_NOISE
 from ..cluster.launchers import native_log_file
 from . import recovery
 
@@ -39,6 +40,8 @@ def dead_log(cluster, rank: int, tail: int) -> str | None:
     lines = data.decode(errors="replace").splitlines()
     if size > TAIL_BYTES:
         lines = lines[1:]  # the first is cut
+    # Gloo's connection notices say nothing about a death (cells leave them out too).
+    lines = [ln for ln in lines if NATIVE_NOISE.sub("", ln).strip() or not ln.strip()]
     return "".join(line[:LINE_CHARS] + "\n" for line in lines[-tail:])
 
 

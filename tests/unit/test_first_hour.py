@@ -130,3 +130,20 @@ def test_a_dead_process_log_is_read_bounded(tmp_path):
     tail = deaths.dead_log(cluster, 3, 3)
     assert tail == "line 99999\n" + "x" * deaths.LINE_CHARS + "\nlast\n"
     assert deaths.dead_log(cluster, 2, 3) is None  # no log left: nothing to read
+
+
+def test_a_dead_process_log_leaves_out_gloos_connection_notices(tmp_path):
+    from types import SimpleNamespace
+
+    from jaxsys_kernel.cluster.launchers import native_log_file
+    from jaxsys_kernel.magics import deaths
+
+    path = native_log_file(tmp_path, 1, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "last words of p1\n"
+        "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n"
+        "F0000 check failed\n"
+    )
+    cluster = SimpleNamespace(world=SimpleNamespace(profile=tmp_path, incarnation=0))
+    assert deaths.dead_log(cluster, 1, 5) == "last words of p1\nF0000 check failed\n"
