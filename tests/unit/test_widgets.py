@@ -219,3 +219,10 @@ def test_large_sharding_view_state_is_json():
     view = ShardingView(info)
     assert view.get_state()["info"]["aggregated"]
     json.dumps(view.get_state()["info"])
+
+
+def test_the_caches_platform_note_is_not_painted_as_a_warning():
+    # On CPU only process 0 is served: a fact of the platform, said in the muted text colour.
+    css = (STATIC / "views.css").read_text()
+    rule = css.split(".jxs-note.jxs-cache-why", 1)[1].split("}", 1)[0]
+    assert "--jp-warn-color" not in rule and "--jp-ui-font-color2" in rule
