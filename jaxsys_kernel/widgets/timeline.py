@@ -24,6 +24,7 @@ import traitlets
 from .fallback import png_bundle
 from .pictures import stack, text_picture
 from .raster import CHAR_H, LINE_H, Canvas, fit, text_width
+from .unstored import Unstored
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 COLOURS = {"executable": "#4e8fd6", "collective": "#f08a24", "line": "#b0b0b0"}
@@ -33,10 +34,36 @@ MARGIN, GAP = 6, 8
 LEGEND = (("executable", "executables"), ("collective", "collectives"), ("line", "cell lines"))
 
 
+# Starts closer than this (microseconds) are the same moment: clocks are corrected only
+# to about this much.
+SAME_START_US = 50.0
+
+
 def slowest(info: dict) -> int | None:
-    """The process that spent the most time in executables."""
+    """The process the others waited for.
+
+    At each collective (or, in a trace without collectives, each executable) the process
+    that started it last is the one the others waited for; the process that was last most
+    often is named. Where every process starts together, the one that spent the most time
+    in executables is named instead (the others wait for it inside the next collective).
+    """
     procs = info.get("processes") or []
-    return max(procs, key=lambda p: p["executable_us"])["rank"] if procs else None
+    if not procs:
+        return None
+    votes: dict[int, int] = {}
+    for starts in zip(*(_arrivals(p) for p in procs), strict=False):
+        last = max(range(len(procs)), key=lambda i: starts[i])
+        if starts[last] - min(starts) > SAME_START_US:
+            votes[procs[last]["rank"]] = votes.get(procs[last]["rank"], 0) + 1
+    if votes:
+        return max(votes, key=lambda rank: votes[rank])
+    return max(procs, key=lambda p: p["executable_us"])["rank"]
+
+
+def _arrivals(process: dict) -> list[float]:
+    spans = process.get("spans") or []
+    kind = "collective" if any(s["kind"] == "collective" for s in spans) else "executable"
+    return [s["start"] for s in spans if s["kind"] == kind]
 
 
 def timeline_svg(info: dict) -> str:
@@ -133,7 +160,7 @@ def timeline_text(info: dict) -> str:
     return "\n".join(lines) or "<empty timeline>"
 
 
-class TimelineView(anywidget.AnyWidget):
+class TimelineView(Unstored, anywidget.AnyWidget):
     """Every process's executables and collectives on one time axis.
 
     Parameters
@@ -163,6 +190,9 @@ class TimelineView(anywidget.AnyWidget):
             raise traitlets.TraitError(
                 f"TimelineView shows a 'timeline' summary, got kind={info.get('kind')!r}"
             )
+        if info.get("processes"):
+            # The page marks the same process as the pictures (one rule, decided here).
+            info = {**info, "late": slowest(info)}
         return info
 
     def text(self) -> str:

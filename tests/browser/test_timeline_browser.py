@@ -79,7 +79,7 @@ def test_a_merged_four_process_trace_opens_in_the_timeline_view():
         page.wait_for_function("document.querySelectorAll('#out svg text').length >= 5")
         labels = page.evaluate(TEXTS)
         rows = [t for t in labels if t.startswith("p")]
-        assert rows == ["p0", "p1", "p2 ⏱", "p3"], rows
+        assert rows == ["p0", "p1", "p2 (slowest)", "p3"], rows
         # Per process: the cell line, the step and the all-reduce.
         assert page.locator("#out svg rect").count() == 4 * 3
         axis_before = labels[-1]

@@ -114,3 +114,20 @@ def test_the_view_draws_a_static_svg_and_a_table_and_marks_the_slowest():
     ]
     with pytest.raises(Exception, match="timeline"):
         TimelineView({"kind": "mesh"})
+
+
+def test_the_process_that_starts_its_steps_late_is_the_one_marked():
+    # p3 spends its time in Python before each step; the others wait for it inside the
+    # step (a collective in the executable), so they spend the most time in executables.
+    from jaxsys_kernel.widgets.timeline import slowest
+
+    def proc(rank, late_by, busy):
+        spans = [
+            {"kind": "executable", "name": "step", "start": k * 1000.0 + late_by, "dur": busy}
+            for k in range(3)
+        ]
+        return {"rank": rank, "executable_us": 3 * busy, "spans": spans}
+
+    info = {"kind": "timeline", "end_us": 3000.0}
+    info["processes"] = [proc(0, 0.0, 800.0), proc(1, 0.0, 810.0), proc(3, 700.0, 100.0)]
+    assert slowest(info) == 3

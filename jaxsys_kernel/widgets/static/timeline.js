@@ -17,10 +17,13 @@ function el(tag, attrs) {
   return node;
 }
 
-/** @param {any} info */
+/** The process the others waited for: the one that started each collective last (as
+ * widgets/timeline.py decides; the kernel sends its answer as info.late when it has one).
+ * @param {any} info */
 function slowest(info) {
   const procs = info.processes || [];
   if (procs.length < 2) return null;
+  if (typeof info.late === "number") return info.late;
   return procs.reduce((a, b) => (b.executable_us > a.executable_us ? b : a)).rank;
 }
 
@@ -46,7 +49,7 @@ function render({ model, el: root }) {
     procs.forEach((/** @type {any} */ p, /** @type {number} */ i) => {
       const y = 8 + i * ROW;
       const label = el("text", { x: 2, y: y + 18, "font-weight": p.rank === late ? "bold" : "normal" });
-      label.textContent = `p${p.rank}${p.rank === late ? " ⏱" : ""}`;
+      label.textContent = `p${p.rank}${p.rank === late ? " (slowest)" : ""}`;
       svg.appendChild(label);
       for (const s of p.spans) {
         const x = LEFT + (s.start - x0) * scale;
