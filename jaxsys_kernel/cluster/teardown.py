@@ -44,6 +44,9 @@ def pid_alive(pid: int | None) -> bool:
         return True
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        # Reaped between the two looks.
+        return False
     except Exception:  # noqa: BLE001 - psutil races with the exit; alive is the safe answer
         return True
 

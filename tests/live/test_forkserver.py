@@ -21,7 +21,7 @@ from IPython.core.error import UsageError
 from jaxsys_kernel import Cluster
 from jaxsys_kernel.cells.guard import check_processes
 from jaxsys_kernel.cluster.launchers import forks
-from jaxsys_kernel.cluster.teardown import sub_launchers
+from jaxsys_kernel.cluster.teardown import pid_alive, sub_launchers
 
 from ..harness import is_engine, new_tag, tagged_engines, tagged_processes, wait_no_processes
 
@@ -236,7 +236,12 @@ def test_the_fork_servers_death_is_reported_with_what_to_do(pair):
     server = pair.world.launcher.forks
     os.kill(server.pid, signal.SIGKILL)
     # Its engines die with it (their parent-death signal): the world is not usable.
-    _wait(lambda: not tagged_engines(pair.test_tag), "the forked engines to follow their server")
+    # Waited for by their pids: once the server is gone, an orphaned forked engine no longer
+    # looks like an engine (its parent is not a fork server) for the short while it still runs.
+    pids = [p.pid for p in pair.processes]
+    _wait(
+        lambda: not any(pid_alive(pid) for pid in pids), "the forked engines to follow their server"
+    )
     with pytest.raises(UsageError) as e:
         check_processes(pair, pair.ranks, ())
     said = str(e.value)
