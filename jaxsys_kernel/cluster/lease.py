@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ClusterError
+from .pids import alive, process_start
 
 #: Seconds a lease lasts unless renewed; ``JAXSYS_LEASE_TTL`` sets another.
 DEFAULT_TTL_S = 45.0
@@ -41,27 +42,6 @@ def ttl_s() -> float:
         return max(3.0, float(os.environ[TTL_VAR]))
     except (KeyError, ValueError):
         return DEFAULT_TTL_S
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of ``pid`` (clock ticks since boot), or None when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def alive(pid: int, start: int | None) -> bool:
-    """Whether ``pid`` is still the process that started at ``start`` (and no zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    if fields[0] == "Z":
-        return False
-    return start is None or int(fields[19]) == start
 
 
 def write_private(path: Path, text: str) -> None:

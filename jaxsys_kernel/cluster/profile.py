@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from .. import contract
+from .pids import pid_alive
 
 # Runs inside ipengine / ipcontroller at start-up, before anything else. Kept free of
 # jaxsys imports so it also works where only ipyparallel is installed.
@@ -173,11 +174,7 @@ def remove_dead_owners(base: str | os.PathLike, prefix: str) -> list[Path]:
         owner = path.name.removeprefix(prefix).split("-")[0]
         if not owner.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
             continue
-        try:
-            os.kill(int(owner), 0)
-        except ProcessLookupError:
+        if not pid_alive(int(owner)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-        except PermissionError:
-            pass
     return removed

@@ -21,6 +21,7 @@ import psutil
 import zmq
 
 from .. import _compat
+from .pids import pid_alive as pid_alive  # the cluster's modules import it from here
 from .profile import controller_file, remove_profile
 
 # After a kill, how long teardown waits for the local processes to be gone.
@@ -30,26 +31,6 @@ UNREGISTER_WAIT_S = 5.0
 
 
 # -- processes on this machine -----------------------------------------------------------
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a local process exists and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        # Reaped between the two looks.
-        return False
-    except Exception:  # noqa: BLE001 - psutil races with the exit; alive is the safe answer
-        return True
-
 
 # How far two readings of one process's start time may differ (psutil derives it from
 # clock ticks since boot, so readings of one process agree to within a tick).
