@@ -190,7 +190,7 @@ def train(
     cfg
         The model and data (``lm.Config()`` by default).
     log_every
-        Print ``step N loss L`` every this many steps (0: never).
+        Print ``step N loss L`` every this many steps and ``restored step N`` (0: never).
     after_step
         Called with the step number after each step (a test slows training down with it).
 
@@ -209,9 +209,7 @@ def train(
     mesh = lm.make_mesh()
     it = data_iterator(cfg)
     mgr = checkpoint_manager(ckpt_dir, every)
-    state, start = restore(mgr, abstract_state(cfg, mesh), it)
-    if state is None:
-        state = init_state(cfg, mesh)
+    state, start = _resume(cfg, mesh, mgr, it, log_every)
     t0 = time.perf_counter()
     state, step, loss, preempted = _loop(
         cfg, mesh, mgr, it, state, start, steps, log_every, after_step
@@ -228,6 +226,16 @@ def train(
         "fingerprint": fingerprint(state),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _resume(cfg, mesh, mgr, it, log_every) -> tuple[dict, int]:
+    """The latest checkpoint's state and step (said when ``log_every``), or step 0's."""
+    state, start = restore(mgr, abstract_state(cfg, mesh), it)
+    if state is None:
+        return init_state(cfg, mesh), 0
+    if log_every:
+        print(f"restored step {start}", flush=True)
+    return state, start
 
 
 def _loop(cfg, mesh, mgr, it, state, step, steps, log_every, after_step):

@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 
 from .._ranges import format_procs
 from ..cells import MultihostError
+from . import training_watch
 
 #: The most retries a cell may ask for: each one restarts the whole JAX world.
 MAX_RETRIES = 100
@@ -58,15 +59,25 @@ def run_with_retries(session, code: str, procs, options: dict, retries: int):
     """Run ``code`` as ``session.run_cell`` does, restarting the world and running it again
     after a curable failure, up to ``retries`` times.
 
+    While it runs, the steps the program prints (``step N loss L``) are drawn as a chart
+    with each fault's outage and recovery (:mod:`.training_watch`).
+
     Returns
     -------
     CellResult or None
         The result of the run that succeeded.
     """
     check_retries(retries)
+    with training_watch.watching() as chart:
+        return _attempts(session, code, procs, options, retries, chart)
+
+
+def _attempts(session, code: str, procs, options: dict, retries: int, chart):
     first = time.monotonic()
     for attempt in range(retries + 1):
         started = time.monotonic()
+        if attempt:
+            chart.log.attempt()
         try:
             result = session.run_cell(code, procs, **options)
         except MultihostError as e:
@@ -74,7 +85,11 @@ def run_with_retries(session, code: str, procs, options: dict, retries: int):
             if what is None or attempt == retries:
                 raise
             detected = time.monotonic() - started
+            dead = e.run.by_status("dead")
+            chart.log.failed(what, "dead" if dead else "stuck", dead or e.run.stuck)
             _restart_and_say(session, e.run, what, detected, attempt + 1, retries)
+            chart.log.restarted()
+            chart.draw(force=True)
             continue
         if attempt:
             print(
