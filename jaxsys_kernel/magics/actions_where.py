@@ -11,6 +11,7 @@ from IPython.display import publish_display_data
 
 from ..cells import timeline
 from ..cells.stragglers import Stragglers
+from ..cells.stragglers_summary import summarize
 from ..cells.stragglers_svg import where_svg
 from ..cells.stragglers_view import STEPS, TOP, render
 from ..engine.registry import engine_module
@@ -35,16 +36,20 @@ def _answers(cluster, ranks, fn, *args, timeout=30.0) -> dict:
     return calls.results
 
 
-def collect(cluster, ranks) -> Stragglers:
-    """Every process's step records of the last cell, on the kernel's clock, analysed."""
-    offsets = timeline.measure_offsets(cluster, ranks)
+def collect(cluster, ranks, offsets=None, timeout: float = 30.0) -> Stragglers:
+    """Every process's step records of the last cell, on the kernel's clock, analysed.
+
+    ``offsets`` are the processes' clock offsets (:func:`timeline.measure_offsets`),
+    measured here when not given.
+    """
+    offsets = offsets or timeline.measure_offsets(cluster, ranks)
     view = Stragglers(
         ranks,
         {r: o.seconds for r, o in offsets.items()},
         {r: o.error for r, o in offsets.items()},
     )
     each = max(5, min(FETCH_STEPS, FETCH_TOTAL // max(1, len(ranks))))
-    for r, told in _answers(cluster, ranks, arrivals.records, each).items():
+    for r, told in _answers(cluster, ranks, arrivals.records, each, timeout=timeout).items():
         steps = told.get("steps") if isinstance(told, dict) else None
         if not isinstance(steps, list) or len(steps) > each:
             view.refused[r] = f"its answer is not a list of at most {each} steps"
@@ -52,6 +57,17 @@ def collect(cluster, ranks) -> Stragglers:
         for record in steps:
             view.add(r, record)
     return view
+
+
+def recording(cluster, ranks, timeout: float = 30.0) -> bool:
+    """Whether every process records its steps (asks for no records)."""
+    told = _answers(cluster, ranks, arrivals.records, 0, timeout=timeout)
+    return all(isinstance(t, dict) and t.get("on") is True for t in told.values())
+
+
+def _dashboard_view(session):
+    """The straggler view of the session's dashboard, if one is shown."""
+    return getattr(session.dashboard, "stragglers", None)
 
 
 @magic_arguments("jaxsys where")
@@ -89,12 +105,16 @@ def where(session, args: argparse.Namespace) -> None:
         refused = {r: t for r, t in told.items() if t not in ("on", "off")}
         if refused:
             raise UsageError(f"%jaxsys where {args.mode}: refused on {refused}")
+        if (shown := _dashboard_view(session)) is not None:
+            shown.update(recording=args.mode == "on")
         print(f"jaxsys: step arrivals are recorded {args.mode} on processes {ranks}")
         return
     view = collect(cluster, ranks)
     bundle = {"text/plain": render(view, args.steps, args.top)}
     if view.findings:
         bundle["image/svg+xml"] = where_svg(view, args.top)
+    if (shown := _dashboard_view(session)) is not None:
+        shown.update(summarize(view, args.steps, args.top))
     publish_display_data(bundle)
 
 
@@ -131,4 +151,6 @@ def slow(session, args: argparse.Namespace) -> None:
         raise UsageError(f"%jaxsys slow: {calls.errors[args.process]}")
     if args.process in calls.missing:
         raise UsageError(f"%jaxsys slow: process {args.process} did not answer within 30 s")
+    if not args.off and (shown := _dashboard_view(session)) is not None:
+        shown.update(recording=True)
     print(f"jaxsys: p{args.process}: {calls.results[args.process]}")

@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 
 from ..cluster.audit import refusal_notice
 from . import actions_guard
+from .stragglers_feed import StragglersFeed
 
 
 def _short_notice(line: str) -> str:
@@ -45,15 +46,16 @@ class DashboardWiring:
     :class:`~jaxsys_kernel.magics.session.MultihostSession`)."""
 
     def show_dashboard(self, max_rate: float = 10.0):
-        """A live dashboard: mesh, sharding, cache hits and liveness of every process.
+        """A live dashboard: mesh, sharding, cache hits, liveness and stragglers.
 
         The mesh and sharding panes show the last ones displayed in a ``%%multihost`` cell;
         cache and liveness update from telemetry while cells run, at most ``max_rate``
-        times a second. A new dashboard takes over the live updates from the previous one.
+        times a second; the straggler view after each cell while ``%jaxsys where on``
+        records steps. A new dashboard takes over the live updates from the previous one.
         """
         # Deferred: the widgets (anywidget, ipywidgets) take most of a second to import,
         # which a kernel that never shows a dashboard should not pay at start.
-        from ..widgets import Dashboard
+        from ..widgets.stragglers import StragglersDashboard
 
         cluster = self.require_cluster()
         hub = cluster.telemetry
@@ -61,7 +63,7 @@ class DashboardWiring:
             raise UsageError("this cluster runs without telemetry; start one with telemetry on")
         if self._unsubscribe is not None:
             self._unsubscribe()
-        dash = Dashboard(
+        dash = StragglersDashboard(
             mesh=self.last_summaries.get("mesh"), sharding=self.last_summaries.get("sharding")
         )
         previous: dict[int, str] = {}
@@ -96,7 +98,9 @@ class DashboardWiring:
         refresh(hub)
         self._attach_controls(dash.live)
         self.dashboard = dash
-        self._unsubscribe = hub.subscribe(refresh, max_rate=max_rate)
+        unsubscribe = hub.subscribe(refresh, max_rate=max_rate)
+        feed = StragglersFeed(self, dash.stragglers).start()
+        self._unsubscribe = lambda: (unsubscribe(), feed.stop())
         return dash
 
     def _forget_summaries(self) -> None:

@@ -6,6 +6,7 @@ They draw plain summary dicts (computed on the engines, see
 
 from .artifact import ArtifactView
 from .dataplan import DataPlanView
+from .stragglers import StragglersDashboard, StragglersView
 from .views import (
     CacheView,
     Dashboard,
@@ -23,5 +24,7 @@ __all__ = [
     "LiveDevicesView",
     "MeshView",
     "ShardingView",
+    "StragglersDashboard",
+    "StragglersView",
     "view_for",
 ]

@@ -193,16 +193,19 @@ def live_text(liveness: list[dict], log: list[str]) -> str:
     return "\n".join([table, *log[-10:]])
 
 
-def dashboard_bundle(mesh: dict, sharding: dict, dims, stats: list[dict], liveness, log) -> dict:
+def dashboard_bundle(
+    mesh: dict, sharding: dict, dims, stats: list[dict], liveness, log, more=()
+) -> dict:
     """The dashboard's static forms: one PNG of the four parts and their texts.
 
     The mesh and the sharding are drawn side by side, the cache and liveness tables below
     them as text; all in one picture, because a bundle shows one form where it is read.
+    ``more`` holds further parts as (picture, text) pairs, drawn below the others.
     """
     top = [pictures.mesh_picture(mesh)] if mesh else []
     top += [pictures.sharding_picture(sharding, dims)] if sharding else []
     tables = [cache_text(stats), live_text(liveness, log)]
     rows = [top] if top else []
-    rows += [[pictures.text_picture(t)] for t in tables]
-    text = "\n\n".join([mesh_text(mesh), sharding_text(sharding), *tables])
+    rows += [[pictures.text_picture(t)] for t in tables] + [[c] for c, _ in more]
+    text = "\n\n".join([mesh_text(mesh), sharding_text(sharding), *tables, *(t for _, t in more)])
     return png_bundle(pictures.stack(rows), text)
