@@ -28,6 +28,7 @@ from .actions_help import Action
 from .actions_jobs import attach, job_line, keep_allocation, line_options, stop_note
 from .actions_logs import logs
 from .actions_profile import profile
+from .actions_watch import WATCHER_ACTIONS, show_cache, unwatch, watch
 from .actions_where import slow, where
 from .boundary import usage_errors
 from .explain import explain
@@ -383,6 +384,8 @@ ACTIONS: dict[str, Action] = {
         Action("slow", slow, "%jaxsys slow needs a process, e.g. %jaxsys slow 1 --ms 200"),
         Action("attach", attach, "%jaxsys attach needs a Slurm job id, e.g. %jaxsys attach 1234"),
         Action("barrier", barrier, "%jaxsys barrier needs a name, e.g. %jaxsys barrier step-1"),
+        Action("watch", watch, "%jaxsys watch needs a cluster's name, e.g. %jaxsys watch training"),
+        Action("unwatch", unwatch),
     )
 }
 
@@ -439,4 +442,22 @@ def dispatch(session, line: str) -> Any:
     if any(w in HELP_WORDS for w in rest):
         print(act.help())
         return None
+    if _watcher_view(session, name, rest):
+        return None
     return act.run(session, act.parse(rest))
+
+
+def _watcher_view(session, name: str, rest: list[str]) -> bool:
+    """Carry out ``name`` as a watcher does when ``session`` only watches a cluster (True),
+    refusing what a watcher may not do; False for a session that does not watch."""
+    watched = getattr(session, "watching", None)
+    if watched is None or name in ("watch", "unwatch"):
+        return False
+    if name not in WATCHER_ACTIONS or rest:
+        raise UsageError(watched.refusal(" ".join(["%jaxsys", name, *rest])))
+    if name == "status":
+        print(watched.headline())
+        print(format_status(watched.rows()))
+    else:
+        show_cache(session)
+    return True

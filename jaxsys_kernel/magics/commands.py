@@ -26,7 +26,8 @@ from IPython.core.error import UsageError
 
 from .._ranges import format_procs
 from ..cells import report
-from ..errors import ProtocolError
+from ..cluster.watch import Watched
+from ..errors import ConfigError, ProtocolError
 from . import recovery
 
 #: Where a command can be given: the ``%jaxsys`` magic, the JupyterLab sidebar's buttons
@@ -93,6 +94,8 @@ class Command:
     surfaces: frozenset[str]
     handler: Callable[[Call], Result]
     needs_cluster: bool = True
+    #: Whether a kernel that only watches a cluster (``%jaxsys watch``) may give it.
+    read_only: bool = False
 
 
 # -- the handlers -----------------------------------------------------------------------------
@@ -176,12 +179,36 @@ def _restart(c: Call) -> Result:
     return Result(True, "ok", f"p{c.rank} rejoined in {took:.1f} s", lines, took)
 
 
+def _watch(c: Call) -> Result:
+    own = getattr(c.session, "cluster", None)
+    if own is not None and own.state != "stopped":
+        raise UsageError(
+            f"this kernel runs a cluster of its own ({own.nprocs} processes): %jaxsys stop "
+            "it first, then %jaxsys watch NAME"
+        )
+    try:
+        watched = Watched(c.options["name"])
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    c.session.watching = watched
+    return Result(True, "ok", watched.headline(), ("%jaxsys status shows its processes",))
+
+
+def _unwatch(c: Call) -> Result:
+    watched = getattr(c.session, "watching", None)
+    if watched is None:
+        raise UsageError("this kernel watches no cluster (%jaxsys watch NAME starts watching one)")
+    c.session.watching = None
+    return Result(True, "ok", f"stopped watching cluster {watched.name!r}; it runs on")
+
+
 # -- the table ----------------------------------------------------------------------------------
 
 _ALL = frozenset(SURFACES)
 _BUTTONS = frozenset({"sidebar", "dashboard", "comm"})
 _SIDEBAR = frozenset({"sidebar", "comm"})  # the sidebar's buttons speak over the comm
 _DASHBOARD = frozenset({"dashboard", "comm"})
+_MAGIC = frozenset({"jaxsys"})
 
 COMMANDS: dict[str, Command] = {
     c.name: c
@@ -197,6 +224,10 @@ COMMANDS: dict[str, Command] = {
         Command("kill", "required", _ALL, _kill),
         # One process, which rejoins the running world; without one, the whole world.
         Command("restart", "optional", _ALL, _restart),
+        # A read-only view of a cluster another process owns (cluster/watch.py), and its end;
+        # while a kernel watches, every command not marked read_only is refused.
+        Command("watch", "none", _MAGIC, _watch, needs_cluster=False, read_only=True),
+        Command("unwatch", "none", _MAGIC, _unwatch, needs_cluster=False, read_only=True),
     )
 }
 
@@ -239,6 +270,13 @@ def resolve(name: str, rank: int | None, surface: str) -> tuple[Command, int | N
     return command, rank
 
 
+def _refuse_watcher(session, command: Command) -> None:
+    """Refuse a command that changes the cluster when ``session`` only watches one."""
+    watched = getattr(session, "watching", None)
+    if watched is not None and not command.read_only:
+        raise CommandRefused("usage", watched.refusal(command.name))
+
+
 class CommandRefused(ProtocolError, UsageError):
     """A command that a surface does not offer, or given without the process it needs;
     ``code`` is the :class:`Result` code it is reported with."""
@@ -264,6 +302,7 @@ def call(session, name: str, rank: int | None = None, *, surface: str = "jaxsys"
         ``options`` (handed to the handler), ``progress`` and ``cell_done`` (see :class:`Call`).
     """
     command, rank = resolve(name, rank, surface)
+    _refuse_watcher(session, command)
     try:
         result = command.handler(Call(session, rank, **kw))
     except Exception as e:
@@ -289,6 +328,7 @@ def run(session, name: str, rank: int | None = None, *, surface: str, **kw) -> R
     """
     try:
         command, rank = resolve(name, rank, surface)
+        _refuse_watcher(session, command)
     except CommandRefused as e:
         return Result(False, e.code, str(e))
     cluster = getattr(session, "cluster", None)

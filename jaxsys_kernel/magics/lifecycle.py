@@ -16,6 +16,7 @@ from ..cluster import Cluster, ClusterConfig
 from ..cluster.audit import refusal_notice
 from ..cluster.options import kernelspec_layer
 from . import recovery, versions
+from .actions_watch import refuse as refuse_watcher
 
 
 def _duration(seconds: float) -> str:
@@ -26,6 +27,10 @@ def _duration(seconds: float) -> str:
 class Lifecycle:
     """Starting, stopping and restarting the session's cluster (a part of
     :class:`~jaxsys_kernel.magics.session.MultihostSession`)."""
+
+    #: The cluster this kernel only watches (``%jaxsys watch``), or None: while it is set,
+    #: starting, stopping and every cell on the processes are refused.
+    watching = None
 
     def defaults(self) -> dict:
         """The layer under the ``%jaxsys start`` line: the options the kernelspec's
@@ -55,6 +60,7 @@ class Lifecycle:
         UsageError
             If a cluster is already running or an option is invalid.
         """
+        refuse_watcher(self, "%jaxsys start")
         if self.cluster is not None and self.cluster.state != "stopped":
             raise UsageError(
                 f"a cluster of {self.cluster.nprocs} processes is already running; "
@@ -80,18 +86,21 @@ class Lifecycle:
 
     def ensure_cluster(self) -> Cluster:
         """Return the running cluster, starting one with the defaults if there is none."""
+        refuse_watcher(self, "%%multihost")
         if self.cluster is None or self.cluster.state == "stopped":
             return self.start()
         return self.cluster
 
     def require_cluster(self) -> Cluster:
         """Return the running cluster or raise a UsageError that says how to start one."""
+        refuse_watcher(self, "this command")
         if self.cluster is None or self.cluster.state == "stopped":
             raise UsageError("no cluster is running; start one with %jaxsys start")
         return self.cluster
 
     def stop(self) -> float | None:
         """Stop the cluster, if any. Returns the seconds it took."""
+        refuse_watcher(self, "%jaxsys stop")
         if self.cluster is None or self.cluster.state == "stopped":
             return None
         return self.cluster.kill()

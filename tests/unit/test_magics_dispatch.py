@@ -260,6 +260,8 @@ def test_the_action_table():
         "slow",
         "attach",
         "barrier",
+        "watch",
+        "unwatch",
     )
     assert OWN["transfer-guard"] == {"LEVEL", "--h2d", "--d2h", "--d2d", "--reset-counts"}
     assert OWN["barrier"] == {"NAME", "--timeout"}

@@ -1,0 +1,83 @@
+"""``%jaxsys watch NAME`` and ``%jaxsys unwatch``: a read-only view of a cluster that
+another process owns (:mod:`jaxsys_kernel.cluster.watch`), and what a watcher may do.
+
+A watching kernel keeps the :class:`~jaxsys_kernel.cluster.watch.Watched` cluster in
+``session.watching``; while it is there, ``%jaxsys status`` and ``%jaxsys cache`` show that
+cluster, and every command that would run code on its processes, stop or restart it is
+refused with a message naming its owner and ``%jaxsys unwatch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ..telemetry.memory import format_bytes
+from . import commands
+
+#: The ``%jaxsys`` actions a watcher may give: they read, and change nothing.
+WATCHER_ACTIONS = frozenset({"watch", "unwatch", "status", "cache", "help"})
+
+
+def refuse(session, what: str) -> None:
+    """Raise the watcher's refusal of ``what`` when ``session`` is watching."""
+    watched = getattr(session, "watching", None)
+    if watched is not None:
+        raise UsageError(watched.refusal(what))
+
+
+@magic_arguments("jaxsys watch")
+@argument("name", metavar="NAME", help="the cluster's name (jaxsys cluster start --name NAME)")
+def watch(session, args: argparse.Namespace) -> None:
+    """Watch a cluster that another process owns, read-only.
+
+    ``NAME`` is the name ``jaxsys cluster start --name NAME`` gave it. The watcher reads
+    the files the owner publishes and ``/proc``: ``%jaxsys status`` lists the cluster's
+    processes, each one's devices, state and memory as they are now; ``%jaxsys cache``
+    shows its compilation cache directory. It sends the cluster nothing, takes no lease
+    and starts no process, so any number of watchers leave the owner's cells as fast as
+    they were; step times and stragglers, which only the owner receives, are not shown.
+    A watcher cannot run cells on the processes, stop or restart them: ``%%multihost``
+    and those commands are refused, naming the owner. ``%jaxsys unwatch`` ends it.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys watch training
+        %jaxsys status
+        %jaxsys unwatch
+    """
+    result = commands.call(session, "watch", options={"name": args.name})
+    print(result.message)
+    for line in result.log:
+        print(line)
+
+
+@magic_arguments("jaxsys unwatch")
+def unwatch(session, args: argparse.Namespace) -> None:
+    """Stop watching the cluster ``%jaxsys watch`` named; the cluster runs on.
+
+    Examples
+    --------
+    ::
+
+        %jaxsys unwatch
+    """
+    print(commands.call(session, "unwatch").message)
+
+
+def show_cache(session) -> None:
+    """``%jaxsys cache`` of a watcher: the watched cluster's cache directory, from disk."""
+    summary = session.watching.cache()
+    if summary is None:
+        print(f"cache: none (cluster {session.watching.name!r} runs without a persistent cache)")
+        return
+    at_least = "" if summary.complete else "at least "
+    print(
+        f"cache: {summary.path}: {at_least}{summary.entries} files, "
+        f"{format_bytes(summary.size)} (read from the disk; per-process hits go to the "
+        "cluster's owner only)"
+    )
