@@ -3,8 +3,9 @@
 The cell's shown output is read as it is written (:class:`.training_chart.TrainingLog`
 parses the ``step N loss L`` lines the program prints); once a step has been seen the chart
 is displayed, then redrawn in place at most every :data:`LIVE_EVERY` seconds and after each
-fault, and a last time when the cell ends. A saved notebook keeps the last picture (SVG,
-with the same facts as text for readers without pictures).
+fault, and a last time when the cell ends. A saved notebook keeps the last picture: SVG
+(with tooltips) where the notebook is trusted, PNG where it is not, and the same facts as
+text for readers without pictures.
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ class Chart:
         if not force and now - self.drawn_at < LIVE_EVERY:
             return
         self.drawn_at = now
-        bundle = {"text/plain": summary_text(self.log), "image/svg+xml": training_svg(self.log)}
+        # Deferred: the picture's font and canvas load with the widgets (most of a second).
+        from ..cells.training_png import training_png
+
+        bundle = {
+            "text/plain": summary_text(self.log),
+            "image/svg+xml": training_svg(self.log),
+            "image/png": training_png(self.log),
+        }
         if self.handle is None:
             self.handle = display(bundle, raw=True, display_id=True)
         else:

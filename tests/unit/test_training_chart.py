@@ -162,6 +162,7 @@ def test_retries_draw_the_chart_in_place_and_give_stdout_back(monkeypatch):
     assert "fault 1: process 1 died (dead: p1)" in last["text/plain"]
     assert "restored" in last["text/plain"] and "step 3" in last["text/plain"]
     ET.fromstring(last["image/svg+xml"])
+    assert last["image/png"].startswith("iVBOR")  # base64 of a PNG signature
 
 
 def test_a_cell_that_prints_no_steps_draws_nothing(monkeypatch):
@@ -172,3 +173,18 @@ def test_a_cell_that_prints_no_steps_draws_nothing(monkeypatch):
             return "value"
 
     assert retries.run_with_retries(Quiet(), "x", None, {}, 1) == "value"
+
+
+def test_the_png_shows_the_outage_and_every_phase_colour():
+    from jaxsys_kernel.cells.training_png import training_picture
+    from jaxsys_kernel.cells.training_svg import OUTAGE, PHASE_COLOURS
+    from jaxsys_kernel.widgets.raster import rgb
+
+    log, _ = faulted_run()
+    canvas = training_picture(log)
+    assert canvas.png().startswith(b"\x89PNG")
+    colours = {tuple(c) for c in canvas.pixels.reshape(-1, 3)}
+    assert {rgb(c) for c in (OUTAGE, *PHASE_COLOURS)} <= colours
+    quiet = tc.TrainingLog(clock=Clock())
+    quiet.feed("[p0] step 1 loss 2.0\n")
+    assert training_picture(quiet).height < canvas.height  # no strip without a fault
