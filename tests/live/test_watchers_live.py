@@ -1,0 +1,94 @@
+"""Read-only watchers: three kernels watch a cluster that ``jaxsys cluster start`` owns; they
+see its processes, are refused cells, stop and restart, start nothing and write nothing,
+and the owner's cells run on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+
+from ..harness import Kernel, process_states
+
+JAXSYS = [sys.executable, "-m", "jaxsys_kernel.cli"]
+NAME = "watched"
+
+
+def jaxsys(*args, env):
+    return subprocess.run([*JAXSYS, *args], capture_output=True, text=True, env=env, timeout=180)
+
+
+def owner_cell(connection_file: str) -> list:
+    """A cell of the owner's: each process's index and the sum of a value over all of them."""
+    import ipyparallel as ipp
+
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from jax.experimental import multihost_utils as mu\n"
+        "answer = (jax.process_index(), int(mu.process_allgather(jnp.ones(())).sum()))"
+    )
+    client = ipp.Client(connection_file)
+    try:
+        view = client[:]
+        view.execute(code, block=True)
+        return sorted(view.pull("answer", block=True))
+    finally:
+        client.close()
+
+
+def test_three_watchers_see_the_cluster_and_cannot_touch_it(tag, tmp_path):
+    env = dict(os.environ, JAXSYS_STATE_DIR=str(tmp_path))
+    kernels: list[Kernel] = []
+    try:
+        r = jaxsys(
+            "cluster", "start", "--name", NAME, "--hosts", "2", "--devices-per-host", "1", env=env
+        )
+        assert r.returncode == 0, r.stderr
+        state = json.loads((tmp_path / f"{NAME}.json").read_text())
+        assert owner_cell(state["connection_file"]) == [(0, 2), (1, 2)]
+        files_before = sorted(p.name for p in tmp_path.iterdir())
+        engines = {p["pid"] for p in state["processes"]}
+
+        kernels = [Kernel(tag, extra_env={"JAXSYS_STATE_DIR": str(tmp_path)}) for _ in range(3)]
+        for k in kernels:
+            out = k.ok(f"%jaxsys watch {NAME}")
+            assert f"watching cluster {NAME!r} (read-only): 2 of 2 processes live" in out.stdout
+            status = k.ok("%jaxsys status").stdout
+            assert process_states(status) == {0: "ready", 1: "ready"}, status
+            for cell in (
+                "%%multihost\nprint('ran')",
+                "%jaxsys stop",
+                "%jaxsys restart",
+                "%jaxsys restart 1",
+                "%jaxsys start --hosts 2",
+            ):
+                out = k.execute(cell)
+                said = out.stderr + str((out.error or {}).get("evalue"))
+                assert out.status == "error", cell
+                assert "ran" not in out.stdout
+                assert f"only watches cluster {NAME!r}" in said, said
+                assert f"--name {NAME}` (pid {state['pid']})" in said and "%jaxsys unwatch" in said
+
+        # A watcher starts no process and writes nothing where the owner publishes.
+        for k in kernels:
+            assert psutil.Process(k.pid).children(recursive=True) == []
+        assert sorted(p.name for p in tmp_path.iterdir()) == files_before
+        # The owner's processes are the ones it started, and its cells run on.
+        state = json.loads((tmp_path / f"{NAME}.json").read_text())
+        assert {p["pid"] for p in state["processes"]} == engines
+        assert owner_cell(state["connection_file"]) == [(0, 2), (1, 2)]
+
+        # Stopped where it runs, the cluster reads as dead to its watchers.
+        assert jaxsys("cluster", "stop", "--name", NAME, env=env).returncode == 0
+        status = kernels[0].ok("%jaxsys status").stdout
+        assert process_states(status) == {0: "dead", 1: "dead"}, status
+        assert "owner" in status and "gone" in status
+        out = kernels[1].ok("%jaxsys unwatch")
+        assert f"stopped watching cluster {NAME!r}" in out.stdout
+    finally:
+        for k in kernels:
+            k.shutdown()
+        jaxsys("cluster", "stop", "--name", NAME, env=env)
