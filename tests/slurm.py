@@ -35,6 +35,10 @@ TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo"
 # Seconds allowed for the daemons to come up, and for the queue to drain at teardown.
 START_TIMEOUT = 30.0
 DRAIN_TIMEOUT = 20.0
+# The MessageTimeout clients read while slurmctld is stopped: a client tries to connect once
+# a second for MessageTimeout seconds (10 by default) before it says "Unable to contact slurm
+# controller", so an outage's every failing command then takes about 1 s instead of 9.
+OUTAGE_MESSAGE_TIMEOUT = 2
 
 
 def available() -> str | None:
@@ -139,6 +143,7 @@ class SlurmHosts:
         self.other_users = [str(Path(p).resolve()) for p in other_users]
         self.hosts = netns.TestHosts(n, prefix="slm", pin_hostname=False)
         self.dir = Path(tempfile.mkdtemp(prefix="jaxsys-slurm-"))
+        self._conf_text = ""
         self.env: dict[str, str] = {}
         self._procs: list[subprocess.Popen] = []
         self.node_names = [f"host{i}" for i in range(n)]
@@ -186,7 +191,8 @@ class SlurmHosts:
             f"{bridge} {socket.gethostname()}\n" + "".join(f"{a} {h}\n" for h, a in pairs)
         )
         conf = d / "slurm.conf"
-        conf.write_text(_conf(d, bridge, pairs, _free_port()))
+        self._conf_text = _conf(d, bridge, pairs, _free_port())
+        conf.write_text(self._conf_text)
         self.env = {"SLURM_CONF": str(conf)}
         os.environ.update(self.env)
         m = d / "munge"
@@ -225,6 +231,12 @@ class SlurmHosts:
         if r.returncode != 0:
             raise RuntimeError(f"a first job failed: {r.stderr.strip()}; logs in {d}/log")
 
+    def _write_conf(self, text: str) -> None:
+        # Replaced in one step: a client reading it meanwhile sees one whole file.
+        tmp = self.dir / "slurm.conf.new"
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / "slurm.conf")
+
     def _all_idle(self) -> bool:
         r = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=10
@@ -253,10 +265,14 @@ class SlurmHosts:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(START_TIMEOUT)
         self._procs.remove(p)
+        # Only clients read slurm.conf from now until start_controller: the running slurmds
+        # keep what they read, and slurmctld starts again from the file as it was.
+        self._write_conf(self._conf_text + f"MessageTimeout={OUTAGE_MESSAGE_TIMEOUT}\n")
 
     def start_controller(self) -> None:
         """Start slurmctld again from its saved state, and wait until it answers."""
         assert self._controller() is None, "slurmctld runs already"
+        self._write_conf(self._conf_text)
         self._daemon(["slurmctld", "-D", "-f", str(self.dir / "slurm.conf")], "slurmctld.out")
 
         def answers() -> bool:
