@@ -73,6 +73,8 @@ def stragglers_text(info: dict, recording: bool = True, note: str = "") -> str:
             lo = hist["lo"] + i * hist["width"]
             lines.append(f"  {_ms(lo)} .. {_ms(lo + hist['width'])}: {c}")
     lines += [f"p{r}'s records were refused: {why}" for r, why in info.get("refused", {}).items()]
+    if info.get("more_refused"):
+        lines.append(f"{info['more_refused']} more processes' records were refused")
     return "\n".join(lines + ([note] if note else []))
 
 

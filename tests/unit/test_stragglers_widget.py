@@ -50,6 +50,7 @@ def test_refused_records_are_bounded_in_the_summary():
     assert len(info["refused"]) == 10 and info["more_refused"] == 20
     assert all(len(why) <= 200 for why in info["refused"].values())
     assert info["steps_total"] == 0 and info["rows"] == [] and info["named"] is None
+    assert "20 more processes' records were refused" in stragglers_text(info)
 
 
 def test_the_view_ships_its_module_and_reads_the_python_trait_names():
