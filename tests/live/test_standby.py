@@ -19,6 +19,8 @@ from ..harness import Kernel, new_tag, tagged_processes, wait_no_processes
 
 NPROCS = 3
 READY_WAIT_S = 120.0
+# The registration deadline of the kernel's cluster: ample for 2 engines on 2 busy cores.
+ORPHAN_WAIT_S = 20.0
 
 
 def _whoami():
@@ -159,7 +161,13 @@ def test_the_kernel_keeps_a_standby_and_shows_it():
     tag = new_tag()
     k = Kernel(tag)
     try:
-        out = k.execute("%jaxsys start --hosts 2 --devices-per-host 1 --standby 2", timeout=180)
+        # The registration deadline is also how long an engine waits for its controller: it
+        # bounds how long a refill engine still booting as the kernel dies can outlive it.
+        out = k.execute(
+            "%jaxsys start --hosts 2 --devices-per-host 1 --standby 2"
+            f" --register-timeout {ORPHAN_WAIT_S:g}",
+            timeout=180,
+        )
         assert out.status == "ok", out.stderr
         deadline = time.monotonic() + READY_WAIT_S
         while time.monotonic() < deadline:
@@ -175,8 +183,8 @@ def test_the_kernel_keeps_a_standby_and_shows_it():
         os.kill(k.pid, signal.SIGKILL)
         k.kc.stop_channels()
         # A refill engine that is still booting as the kernel dies has been seen to outlive
-        # it (rarely, a known gap); it gives up within its own url-file wait (61 s).
-        assert not wait_no_processes(tag, timeout=75)
+        # it (a known gap); it gives up within its own wait for the controller.
+        assert not wait_no_processes(tag, timeout=ORPHAN_WAIT_S + 15)
     finally:
         if psutil.pid_exists(k.pid):
             k.shutdown()
