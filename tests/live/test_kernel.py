@@ -387,7 +387,7 @@ def test_dashboard_updates_reach_the_client_while_a_cell_blocks(kernel):
     while True:
         out = kernel.ok("%jaxsys dashboard")
         states = {s["_view_kind"]: s for s in _widget_states(out)}
-        assert sorted(states) == ["cache", "live", "mesh", "sharding"]
+        assert sorted(states) == ["cache", "live", "mesh", "sharding", "stragglers"]
         held = {r["rank"]: r for r in states["live"]["liveness"]}
         # The view opens with its first state; its rows may follow at once as deltas.
         for m in out.messages:
