@@ -48,6 +48,11 @@ def default_register_timeout(nprocs: int) -> float:
 # Read when no standby size is given (the kernelspec may set it).
 STANDBY_VARIABLE = "JAXSYS_STANDBY"
 
+# A cluster's size when nothing sets it: the one place these numbers are written (the
+# kernelspec, the job runner and the help text read them from here).
+DEFAULT_HOSTS = 4
+DEFAULT_DEVICES_PER_HOST = 2
+
 
 @dataclass
 class ClusterConfig:
@@ -61,23 +66,25 @@ class ClusterConfig:
     """
 
     hosts: int | Sequence[str] = option(
-        4,
+        DEFAULT_HOSTS,
         "Number of processes, or host names (one process each) for launchers that place "
         "processes on named hosts.",
         Flag(
             "--hosts",
-            f"number of processes, or host1,host2,... for ssh (default ${contract.HOSTS}, else 4)",
+            f"number of processes, or host1,host2,... for ssh (default ${contract.HOSTS}, "
+            f"else {DEFAULT_HOSTS})",
             {"type": opts.hosts, "metavar": "HOSTS"},
         ),
         doc_type="int or sequence of str",
     )
     devices_per_host: int = option(
-        2,
+        DEFAULT_DEVICES_PER_HOST,
         "CPU devices each process simulates (--xla_force_host_platform_device_count); "
         "ignored on accelerator hosts, where the hardware decides.",
         Flag(
             "--devices-per-host",
-            f"CPU devices per process (default ${contract.DEVICES_PER_HOST}, else 2)",
+            f"CPU devices per process (default ${contract.DEVICES_PER_HOST}, "
+            f"else {DEFAULT_DEVICES_PER_HOST})",
             {"type": int, "metavar": "D"},
         ),
         doc_type="int",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._ranges import parse_procs
-from ..cluster.config import ClusterConfig
+from ..cluster.config import DEFAULT_DEVICES_PER_HOST, DEFAULT_HOSTS, ClusterConfig
 from ..cluster.launchers.registry import rank_variables, size_variables
 from ..cluster.options import merge_layers
 from ..errors import ConfigError
@@ -72,8 +72,8 @@ class Program:
 
     cells: list[Cell] = field(default_factory=list)
     left_out: list[tuple[int, str]] = field(default_factory=list)
-    hosts: int = 4
-    devices_per_host: int = 2
+    hosts: int = DEFAULT_HOSTS
+    devices_per_host: int = DEFAULT_DEVICES_PER_HOST
     options: dict[str, Any] = field(default_factory=dict)
     #: JAX options the notebook's ``%jaxsys transfer-guard`` lines set, each with the index
     #: of its cell: they apply to the cells after it.

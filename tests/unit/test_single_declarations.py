@@ -60,3 +60,84 @@ def test_pid_alive_and_the_same_process():
     gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     assert not pids.pid_alive(gone) and not pids.alive(gone, None)
     assert not pids.pid_alive(None) and not pids.pid_alive(0)
+
+
+# -- the default shape of a cluster -------------------------------------------------------
+
+
+def _declared_shape() -> dict[str, int]:
+    from jaxsys_kernel.cluster.config import DEFAULT_DEVICES_PER_HOST, DEFAULT_HOSTS
+
+    return {
+        "hosts": DEFAULT_HOSTS,
+        "DEFAULT_HOSTS": DEFAULT_HOSTS,
+        "devices_per_host": DEFAULT_DEVICES_PER_HOST,
+        "DEFAULT_DEVICES_PER_HOST": DEFAULT_DEVICES_PER_HOST,
+    }
+
+
+def _size_literals() -> list[str]:
+    """Where the default size is written as a number for a size's name: an assignment, a
+    field, a keyword argument, ``.get("hosts", N)``, or ``option(N, ...)`` declaring one."""
+    shape = _declared_shape()
+    found = []
+
+    def default_for(name, node) -> bool:
+        return (
+            name in shape
+            and isinstance(node, ast.Constant)
+            and type(node.value) is int
+            and node.value == shape[name]
+        )
+
+    for path in source_files():
+        where = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                if isinstance(value, ast.Call) and value.args:
+                    value = value.args[0]  # option(N, ...)
+                for target in targets:
+                    if default_for(ast.unparse(target).split(".")[-1], value):
+                        found.append(f"{where}:{node.lineno} {ast.unparse(target)}")
+            if not isinstance(node, ast.Call):
+                continue
+            for kw in node.keywords:
+                if default_for(kw.arg, kw.value):
+                    found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+            is_get = isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            if is_get and len(node.args) == 2 and isinstance(node.args[0], ast.Constant):
+                if default_for(node.args[0].value, node.args[1]):
+                    found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_default_cluster_size_is_written_once():
+    assert _size_literals() == [
+        f"cluster/config.py:{_line('DEFAULT_HOSTS')} DEFAULT_HOSTS",
+        f"cluster/config.py:{_line('DEFAULT_DEVICES_PER_HOST')} DEFAULT_DEVICES_PER_HOST",
+    ]
+
+
+def _line(name: str) -> int:
+    source = (PACKAGE / "cluster" / "config.py").read_text().splitlines()
+    return next(i for i, line in enumerate(source, 1) if line.startswith(f"{name} = "))
+
+
+def test_every_surface_reads_the_declared_default_size():
+    from jaxsys_kernel.cluster.config import ClusterConfig
+    from jaxsys_kernel.cluster.options import flag_arguments
+    from jaxsys_kernel.job.program import Program
+    from jaxsys_kernel.kernel.spec import kernel_spec
+
+    hosts, devices = _declared_shape()["hosts"], _declared_shape()["devices_per_host"]
+    config = ClusterConfig()
+    assert (config.nprocs, config.devices_per_host) == (hosts, devices)
+    assert (Program().hosts, Program().devices_per_host) == (hosts, devices)
+    # share/'s kernel.json is this spec, written out (tests/unit/test_cli.py compares them).
+    env = kernel_spec()["env"]
+    assert (int(env["JAXSYS_HOSTS"]), int(env["JAXSYS_DEVICES_PER_HOST"])) == (hosts, devices)
+    helps = dict((flag, kwargs["help"]) for flag, kwargs in flag_arguments(ClusterConfig))
+    assert helps["--hosts"].endswith(f"else {hosts})")
+    assert helps["--devices-per-host"].endswith(f"else {devices})")
