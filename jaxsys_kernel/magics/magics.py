@@ -198,6 +198,14 @@ class JaxSysMagics(Magics):
         cell's fails on that process with an error naming both threads, because threads
         can enqueue such operations in different orders on different processes.
 
+        A script written for ``python`` runs unchanged with ``%run`` in the cell: on every
+        process it sees its own arguments in ``sys.argv`` and ``__name__ == "__main__"``, its
+        ``jax.distributed.initialize()`` is accepted when it agrees with the running world and
+        its ``shutdown()`` leaves the world running (each says so in one line), and an
+        exception it raises fails the cell with each process's traceback. The script must be
+        readable at the same path on every process's host. A script pasted into a cell sees
+        the ``sys.argv`` of ``python`` with no arguments.
+
         With SPMD mode on, every cell runs on all processes; cells starting with ``%%local``
         (or a jaxsys magic such as ``%jaxsys`` or ``%pull``) run in the kernel.
 
@@ -217,6 +225,9 @@ class JaxSysMagics(Magics):
 
             %%multihost --thread-guard
             run_pipeline()
+
+            %%multihost
+            %run train.py --steps 3
 
             %multihost on
         """
