@@ -254,6 +254,9 @@ EXPECTED = {
         "jaxsys: --retries: process 1 died",
         "world restarted in ",
         "bitwise equal: True",
+        # the training chart's text form: the fault's recovery, phase by phase
+        "fault 1: process 1 died",
+        "first good step +",
         # the preemption notice: sent, and the same step saved on both processes
         "jaxsys: sent SIGTERM to process 1: a preemption notice.",
         "[p0-1] preempted: True | saved step ",
@@ -290,6 +293,7 @@ STATIC_PICTURES = {
     "00-quickstart.ipynb": 1,
     "01-meshes-and-shardings.ipynb": 8,
     "06b-compilation-cache-dashboard.ipynb": 2,
+    "10-train-through-failures.ipynb": 1,
 }
 
 
