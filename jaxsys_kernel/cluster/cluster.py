@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import bringup, security, standby, teardown
+from . import bringup, security, spare_world, standby, teardown
 from .calls import Calls, EngineCalls
 from .config import ClusterConfig
 from .launchers import make_launcher, telemetry_addresses
@@ -43,7 +43,10 @@ __all__ = [
 ]
 
 
-def _from_config(name: str, doc: str) -> property:
+def _from_config(name: str, doc: str | None = None) -> property:
+    # An option's help is the one ClusterConfig declares; only derived values bring their own.
+    if doc is None:
+        doc = ClusterConfig.__dataclass_fields__[name].metadata["help"]
     return property(lambda self: getattr(self.config, name), doc=doc)
 
 
@@ -115,16 +118,16 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
 
     # The options read through the facade, read-only; every other one is on ``config``.
     nprocs = _from_config("nprocs", "Number of JAX processes.")
-    devices_per_host = _from_config("devices_per_host", "CPU devices each process simulates.")
-    launcher = _from_config("launcher", "The launcher's name (see launcher_names()).")
-    cache_dir = _from_config("cache_dir", "Persistent compilation cache directory, or None.")
-    register_timeout = _from_config("register_timeout", "Seconds allowed for registration.")
-    env = _from_config("env", "Extra environment variables for every process.")
-    heartbeat_timeout = _from_config("heartbeat_timeout", "JAX's heartbeat timeout (s).")
-    recoverable = _from_config("recoverable", "Whether JAX runs with recoverability.")
-    secure = _from_config("secure", "Whether mTLS and CurveZMQ are on.")
-    telemetry_enabled = _from_config("telemetry", "Whether engines run a telemetry agent.")
-    ca_file = _from_config("ca_file", "The user's CA certificate, or None.")
+    devices_per_host = _from_config("devices_per_host")
+    launcher = _from_config("launcher")
+    cache_dir = _from_config("cache_dir")
+    register_timeout = _from_config("register_timeout")
+    env = _from_config("env")
+    heartbeat_timeout = _from_config("heartbeat_timeout")
+    recoverable = _from_config("recoverable")
+    secure = _from_config("secure")
+    telemetry_enabled = _from_config("telemetry")
+    ca_file = _from_config("ca_file")
 
     @property
     def _ipp(self):
@@ -167,6 +170,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         world = self.world
         # Refused before anything starts: a launcher that cannot keep the standby asked for.
         world.standby = standby.for_launcher(self.config, self._launcher)
+        world.spare_world = spare_world.for_launcher(self.config, self._launcher)
         t0 = time.perf_counter()
         self.state = "starting"
         world.processes = [ProcessInfo(rank=r) for r in self.ranks]
@@ -191,6 +195,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         self.state = "ready"
         self.ready_seconds = time.perf_counter() - t0
         self._refill_standby()
+        self._refill_spare_world()
         return self
 
     async def stop(self) -> float:
@@ -230,17 +235,19 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         world = self.world
         try:
             await teardown.kill_world(world)
-            spares = await world.standby.take(world, world.ranks, self._report)
-            await self._launch_engines(skip=set(spares))
-            await bringup.bring_up_engines(
-                world, time.monotonic() + self.register_timeout, exclude=old_uuids, spares=spares
-            )
+            # A spare world already joined is only swapped in; otherwise as without one.
+            if not await world.spare_world.swap_in(world, bringup.make_view):
+                spares = await world.standby.take(world, world.ranks, self._report)
+                await self._launch_engines(skip=set(spares))
+                deadline = time.monotonic() + self.register_timeout
+                await bringup.bring_up_engines(world, deadline, exclude=old_uuids, spares=spares)
         except BaseException:
             self.kill()
             raise
         self.state = "ready"
         self.ready_seconds = time.perf_counter() - t0
         self._refill_standby()
+        self._refill_spare_world()
         return self.ready_seconds
 
     async def restart_process(self, rank: int) -> float:
@@ -294,6 +301,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         if self.world.standby is not None:
             # Its engines belonged to the controller and went with it.
             self.world.standby.forget()
+        if self.world.spare_world is not None:
+            self.world.spare_world.forget()
         self.state = "stopped"
         return took
 
@@ -383,6 +392,12 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         except Exception as e:  # noqa: BLE001 - a standby is an extra; the cluster runs on
             self.world.standby.note = f"the standby could not be refilled: {e}"
             log.warning("%s", self.world.standby.note)
+
+    def _refill_spare_world(self) -> None:
+        """Make the spare world again in the background (called on the cluster's loop)."""
+        self.world.spare_world.start_refill(
+            self.world, self._one_operation(), lambda: self.state == "ready"
+        )
 
     def standby_status(self) -> dict:
         """The standby: ``size``, ``ready``, ``booting`` and a ``note`` (why it is smaller)."""

@@ -240,13 +240,7 @@ class ClusterConfig:
         "Processes kept booted (Python, IPython, ipyparallel and JAX imported) to replace the "
         "world's at a restart; default: one world's worth when processes run on this machine "
         f"and memory allows, 0 for remote launchers. ${STANDBY_VARIABLE} gives it when unset.",
-        Flag(
-            "--standby",
-            "processes kept booted (Python, IPython, ipyparallel and JAX imported) to replace "
-            "the world's at a restart; default: one world's worth when processes run on this "
-            f"machine and memory allows, 0 for remote launchers (${STANDBY_VARIABLE})",
-            {"type": int, "metavar": "N"},
-        ),
+        Flag("--standby", kwargs={"type": int, "metavar": "N"}),
         doc_type="int",
     )
     fork_server: bool = option(
@@ -255,6 +249,14 @@ class ClusterConfig:
         "ipyparallel and JAX once (docs/scale.md), instead of each importing them.",
         Flag("--no-fork-server", "start each local process on its own, importing everything",
              {"action": "store_false"}),  # fmt: skip
+        doc_type="bool",
+    )
+    spare_world: bool = option(
+        False,
+        "Keep a whole next world of processes already joined to a JAX world of their own, "
+        "so that a world restart only swaps it in (local processes, memory allowing).",
+        Flag("--spare-world", "keep a next world already joined to JAX for restarts",
+             {"action": "store_true"}),  # fmt: skip
         doc_type="bool",
     )
     nprocs: int = field(init=False)

@@ -214,6 +214,8 @@ class Standby:
         if self._next_id is None:
             self._next_id = _first_id(world.config.nprocs)
         taken = set(world.client.ids) if world.client is not None else set()
+        # Clear of the spare world's ids too (world.reserved_ids holds both).
+        taken |= world.reserved_ids()
         while self._next_id in taken or self._next_id in self.reserved:
             self._next_id += 1
         eid = self._next_id

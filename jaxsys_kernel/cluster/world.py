@@ -57,6 +57,8 @@ class World:
         How often each rank was restarted alone in this incarnation's lifetime.
     standby : Standby or None
         Engines booted ahead of need (see :mod:`~jaxsys_kernel.cluster.standby`).
+    spare_world : SpareWorld or None
+        A next world already joined to JAX (see :mod:`~jaxsys_kernel.cluster.spare_world`).
     """
 
     config: ClusterConfig
@@ -73,6 +75,7 @@ class World:
     view: Any = None
     rank_restarts: dict[int, int] = field(default_factory=dict)
     standby: Any = None
+    spare_world: Any = None
 
     @property
     def ipp(self):
@@ -106,8 +109,12 @@ class World:
         )
 
     def reserved_ids(self) -> set[int]:
-        """Engine ids given to standby engines, never taken for a rank's own engine."""
-        return set(self.standby.reserved) if self.standby is not None else set()
+        """Engine ids given to standby and spare-world engines, never taken for a rank's own
+        engine."""
+        ids = set(self.standby.reserved) if self.standby is not None else set()
+        if self.spare_world is not None:
+            ids |= self.spare_world.reserved
+        return ids
 
     def refusal_records(self) -> list:
         """Handshakes the coordination service refused (none without mTLS or telemetry)."""

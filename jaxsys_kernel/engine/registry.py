@@ -30,6 +30,7 @@ ENGINE_FUNCTIONS: dict[str, frozenset[str]] = {
     "profiling": frozenset({"clock", "discard", "trace_info", "read_trace", "start", "stop"}),
     "arrivals": frozenset({"disable", "enable", "records", "slow"}),
     "readiness": frozenset({"state"}),
+    "spare": frozenset({"swap_in"}),
 }
 
 

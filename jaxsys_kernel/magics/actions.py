@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import publish_display_data
 
-from ..cluster import enclosing_job, standby
+from ..cluster import enclosing_job, spare_world, standby
 from ..cluster.audit import audit, format_audit, format_refusals
 from ..cluster.launchers import forks
 from ..telemetry.memory import format_bytes, memory_line
@@ -85,18 +85,11 @@ def start(session, args: argparse.Namespace) -> None:
     """Launch one process per host and join them into one JAX world.
 
     Each process is an ipyparallel engine (process i is engine i) that initialises
-    ``jax.distributed``. Clusters are secure by default: mutual TLS on JAX's coordination
-    service with certificates from a fresh per-cluster CA (or yours: ``--ca-file`` and
-    ``--cert-dir``), and CurveZMQ on ipyparallel's control channel; ``--insecure`` turns
-    both off. JAX's recoverability is on, so the survivors of a death keep running;
-    ``--no-recoverability`` turns it off, and then processes share one fate. ``--explain``
-    prints what each process did, as the plain JAX a standalone program would run.
-    Every cluster option (``ClusterConfig``) has its flag here, as in ``jaxsys cluster
-    start``; ``--standby N`` keeps N processes booted to replace the world's at a restart.
-    ``--transfer-ports`` gives each process a cross-host transfer socket on a free port
-    (listed by ``%jaxsys security``), so ``jax.device_put`` can move arrays between
-    processes; ``--thread-guard`` runs every cell under ``jax.thread_guard``, as
-    ``%%multihost --thread-guard`` does for one cell.
+    ``jax.distributed``. Clusters are secure by default (mutual TLS on JAX's coordination
+    service with certificates from a fresh per-cluster CA, and CurveZMQ on ipyparallel's
+    control channel), and JAX's recoverability is on, so the survivors of a death keep
+    running. Every cluster option (``ClusterConfig``) has its flag here, as in ``jaxsys
+    cluster start``; each option is described once, in the list of options.
 
     Examples
     --------
@@ -251,6 +244,8 @@ def status(session, args: argparse.Namespace) -> None:
     if inside := enclosing_job.status_line(session.cluster):
         print(inside)
     print(standby.status_line(session.cluster.standby_status()))
+    if spare := spare_world.status_line(session.cluster):
+        print(spare)
     if fork := forks.status_line(session.cluster):
         print(fork)
     print(f"security: {session.cluster.security}")

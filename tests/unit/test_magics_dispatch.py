@@ -298,6 +298,7 @@ def test_the_action_table():
         "--no-telemetry",
         "--standby",
         "--no-fork-server",
+        "--spare-world",
     }
     assert OWN["kill"] == {"P", "--signal", "--procs"} and OWN["inspect"] == {"NAME", "--detail"}
     assert OWN["logs"] == {"P", "--tail", "--procs"} and OWN["restart"] == {"P", "--procs"}

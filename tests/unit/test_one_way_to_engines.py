@@ -29,6 +29,9 @@ ALLOWED = {
     "jaxsys_kernel/cluster/standby.py": (
         "standby engines belong to no world yet: they have an engine id and no rank"
     ),
+    "jaxsys_kernel/cluster/spare_world.py": (
+        "a spare world's engines belong to a world the kernel does not talk to yet"
+    ),
 }
 
 
