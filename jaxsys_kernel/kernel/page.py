@@ -28,8 +28,10 @@ from collections.abc import Callable
 
 # Seconds between two questions to the server (one loopback request each).
 POLL_S = 2.0
-# Seconds with no page connected, after one was, before the kernel asks to be shut down.
+# Seconds with no page connected, after one was, before the kernel asks to be shut down;
+# the variable, when set to positive seconds, gives another (a test, a busy server).
 IDLE_S = 20.0
+IDLE_VARIABLE = "JAXSYS_PAGE_IDLE_S"
 # Seconds without a page and without traffic before a kernel no page has been seen on
 # gives up (the notebook's execution, while the page waits for it, is traffic).
 NEVER_S = 60.0
@@ -60,6 +62,32 @@ def voila_kernel_url(env: dict[str, str], connection_file: str) -> str | None:
     base = "/" + env.get("VOILA_BASE_URL", "/").strip("/")
     base = base.rstrip("/") + "/"
     return f"http://127.0.0.1:{port}{base}api/kernels/{kernel_id}"
+
+
+def idle_seconds(env: dict[str, str]) -> float:
+    """Seconds a closed page's kernel waits: ``JAXSYS_PAGE_IDLE_S`` if it holds positive
+    seconds, else :data:`IDLE_S` (a value that is not is named on stderr).
+
+    Examples
+    --------
+    >>> idle_seconds({"JAXSYS_PAGE_IDLE_S": "5"}), idle_seconds({})
+    (5.0, 20.0)
+    """
+    raw = env.get(IDLE_VARIABLE, "").strip()
+    if not raw:
+        return IDLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        print(
+            f"jaxsys: {IDLE_VARIABLE}={raw[:40]!r} is not a positive number of seconds; "
+            f"a closed page's kernel waits {IDLE_S:g} s",
+            file=sys.__stderr__,
+        )
+        return IDLE_S
+    return value
 
 
 def _ask(url: str) -> tuple[int | None, str]:
@@ -100,10 +128,19 @@ class PageWatch:
         Stops the kernel's cluster; called when the server cannot shut the kernel down.
     clock : callable
         The monotonic clock.
+    idle_s : float
+        Seconds without a page, after one was seen, before the kernel ends.
     """
 
-    def __init__(self, url: str, stop_cluster: Callable[[], None], clock=time.monotonic):
+    def __init__(
+        self,
+        url: str,
+        stop_cluster: Callable[[], None],
+        clock=time.monotonic,
+        idle_s: float = IDLE_S,
+    ):
         self.url = url
+        self.idle_s = idle_s
         self.stop_cluster = stop_cluster
         self.clock = clock
         self.started = clock()
@@ -125,7 +162,7 @@ class PageWatch:
             return False
         if self.alone_since is None:
             self.alone_since = now
-        limit = IDLE_S if self.seen_page else NEVER_S
+        limit = self.idle_s if self.seen_page else NEVER_S
         return now - max(self.alone_since, self.quiet_since) >= limit
 
     def end(self) -> None:
@@ -154,9 +191,9 @@ def watch_page(kernel) -> PageWatch | None:
     url = voila_kernel_url(dict(os.environ), connection_file)
     if url is None:
         return None
-    watch = PageWatch(url, kernel.jaxsys.shutdown)
+    watch = PageWatch(url, kernel.jaxsys.shutdown, idle_s=idle_seconds(dict(os.environ)))
     threading.Thread(target=watch.run, name="jaxsys-page-watch", daemon=True).start()
     return watch
 
 
-__all__ = ["PageWatch", "voila_kernel_url", "watch_page"]
+__all__ = ["PageWatch", "idle_seconds", "voila_kernel_url", "watch_page"]

@@ -55,3 +55,20 @@ def test_traffic_keeps_the_kernel_and_a_page_never_seen_is_given_up_on():
     assert not watch.step(0, f"busy {t}")
     clock.now = quiet + page.NEVER_S
     assert watch.step(0, f"busy {t}")
+
+
+def test_the_idle_time_comes_from_the_environment_and_a_bad_value_is_named(capfd):
+    assert page.idle_seconds({page.IDLE_VARIABLE: "5"}) == 5.0
+    assert page.idle_seconds({page.IDLE_VARIABLE: ""}) == page.IDLE_S
+    for bad in ("soon", "0", "-3", "nan", "inf"):
+        assert page.idle_seconds({page.IDLE_VARIABLE: bad}) == page.IDLE_S
+        assert f"{page.IDLE_VARIABLE}='{bad}' is not a positive number" in capfd.readouterr().err
+    clock = Clock()
+    watch = page.PageWatch("http://127.0.0.1:1/api/kernels/a", lambda: None, clock, idle_s=5.0)
+    assert not watch.step(1, "t1")
+    clock.now = 100.0
+    assert not watch.step(0, "t1")
+    clock.now += 4.9
+    assert not watch.step(0, "t1")
+    clock.now += 0.1
+    assert watch.step(0, "t1")
