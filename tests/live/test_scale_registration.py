@@ -12,8 +12,9 @@ from jaxsys_kernel.cluster.records import ClusterStartError
 
 HOSTS = 8
 SILENT = 5
-# Long enough for seven engines to register on two busy cores, short enough for a test.
-DEADLINE = 30.0
+# Long enough for seven engines to register on two busy cores (all eight took 3.7 s at a
+# load average of 16), short enough for a test, which waits all of it.
+DEADLINE = 15.0
 
 
 def _marked(marker: str) -> list[psutil.Process]:
