@@ -66,9 +66,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
     ----------
     hosts, devices_per_host, launcher, **options
         The cluster's options by name: :class:`~jaxsys_kernel.cluster.config.ClusterConfig`
-        declares each one once, with its type, default, meaning and command-line flag
-        (``hosts`` is the number of processes, or host names for launchers that place
-        them). A name it does not declare is a ``TypeError`` that names the known ones.
+        declares each one once, with its type, default, meaning and command-line flag.
+        A name it does not declare is a ``TypeError`` that names the known ones.
     config : ClusterConfig, optional
         Options made before, e.g. ``ClusterConfig.from_file(path)``; options given as well
         replace its own.

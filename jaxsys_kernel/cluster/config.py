@@ -153,11 +153,7 @@ class ClusterConfig:
         10.0,
         "Seconds without heartbeats after which JAX declares a process dead (JAX's own "
         "default is 100); None for JAX's default.",
-        Flag(
-            "--heartbeat",
-            "seconds without heartbeats before JAX declares a process dead (default 10)",
-            {"type": opts.seconds, "metavar": "SECONDS"},
-        ),
+        Flag("--heartbeat", kwargs={"type": opts.seconds, "metavar": "SECONDS"}),
         doc_type="float",
     )
     recoverable: bool = option(
@@ -211,7 +207,7 @@ class ClusterConfig:
     controller_ip: str | None = option(
         None,
         "Where the ipyparallel controller listens (loopback for local clusters).",
-        Flag("--controller-ip", "where the ipyparallel controller listens", {"metavar": "IP"}),
+        Flag("--controller-ip", kwargs={"metavar": "IP"}),
         doc_type="str",
     )
     process_prefix: Mapping[int, Sequence[str]] | None = option(

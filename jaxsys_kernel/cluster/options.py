@@ -51,7 +51,7 @@ def seconds(text: str) -> float:
 
 
 def hosts(text: str) -> int | list[str]:
-    """``--hosts``: a number of processes, or host names separated by commas."""
+    """``--hosts`` as typed: a whole number, or names separated by commas."""
     if text.isdigit():
         return int(text)
     names = [h for h in text.split(",") if h]
@@ -92,7 +92,8 @@ class Flag:
     flag : str
         What the user types, e.g. ``--devices-per-host``.
     help : str
-        One line for ``--help`` and ``%jaxsys help start``.
+        One line for ``--help`` and ``%jaxsys help start``; left empty, the option's own
+        help (:func:`option`) is shown, so that one text is not written twice.
     kwargs : mapping
         The rest of argparse's ``add_argument`` (``type``, ``metavar``, ``action``...).
     key : str, optional
@@ -103,7 +104,7 @@ class Flag:
     """
 
     flag: str
-    help: str
+    help: str = ""
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     key: str | None = None
     convert: Callable[[Any], Any] | None = None
@@ -147,6 +148,9 @@ def option(
         More flags of a mapping option, declared elsewhere and asked for when a command
         line is made (the launchers' flags for ``launcher_options``).
     """
+    # A flag with no line of its own shows the option's help, and its default when one is set.
+    shown = help if default is None or isinstance(default, bool) else f"{help} Default {default!r}."
+    flags = tuple(f if f.help else dataclasses.replace(f, help=shown) for f in flags)
     return dataclasses.field(
         default=default,
         metadata={"help": help, "flags": flags, "doc_type": doc_type, "gather": gather},

@@ -141,3 +141,60 @@ def test_every_surface_reads_the_declared_default_size():
     helps = dict((flag, kwargs["help"]) for flag, kwargs in flag_arguments(ClusterConfig))
     assert helps["--hosts"].endswith(f"else {hosts})")
     assert helps["--devices-per-host"].endswith(f"else {devices})")
+
+
+# -- each option's help ------------------------------------------------------------------
+
+
+def _strings(path) -> list[str]:
+    """The module's string literals, f-strings with their fixed parts, whitespace folded."""
+    out = []
+    nodes = list(ast.walk(tree(path)))
+    inside = {id(v) for n in nodes if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in nodes:
+        if id(node) in inside:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.append(" ".join(node.value.split()))
+        elif isinstance(node, ast.JoinedStr):
+            parts = [v.value if isinstance(v, ast.Constant) else "{}" for v in node.values]
+            out.append(" ".join("".join(parts).split()))
+    return out
+
+
+def _start_helps() -> dict[str, str]:
+    """Every help text ``%jaxsys start`` shows, by where it belongs: each cluster option's
+    meaning, each of its flags' line, and the magic's own flags."""
+    from jaxsys_kernel.cluster.config import ClusterConfig
+    from jaxsys_kernel.cluster.options import declared, flag_arguments
+    from jaxsys_kernel.magics import actions
+
+    helps = {f"option {f.name}": f.metadata["help"] for f in declared(ClusterConfig)}
+    flags = {flag: kwargs["help"] for flag, kwargs in flag_arguments(ClusterConfig)}
+    helps |= {f"flag {flag}": text for flag, text in flags.items()}
+    for a in actions.ACTIONS["start"].parser._actions:
+        if a.option_strings and a.option_strings[0] not in flags and a.help:
+            helps[f"flag {a.option_strings[0]}"] = a.help
+    return helps
+
+
+def test_every_option_s_help_is_declared_exactly_once():
+    strings = [s for path in source_files() for s in _strings(path)]
+    counts = {}
+    for what, text in _start_helps().items():
+        # The opening words, up to the first value filled in ("default $JAXSYS_HOSTS, ...").
+        opening = " ".join(text.split()[:6]).split("$")[0].split("{")[0]
+        counts[what] = sum(s.lower().count(opening.lower()) for s in strings)
+    assert len(counts) > 30
+    assert {what: n for what, n in counts.items() if n != 1} == {}
+
+
+def test_the_start_magic_describes_no_option_outside_its_list_of_options():
+    # Its Parameters section is made from the declarations; prose naming a flag is a second
+    # description that goes stale when the flag's help changes.
+    from jaxsys_kernel.magics import actions
+
+    start = actions.ACTIONS["start"]
+    body = start.doc.partition("Examples\n--------")[0]
+    named = [o for o in start.options() if o and o.startswith("--") and o in body]
+    assert named == []
