@@ -19,9 +19,10 @@ from ..cluster.allocation import (
     saved_file,
     state_dir,
 )
+from ..cluster.allocation_hosts import KeptHosts, forget_lapsed
 from ..cluster.config import ClusterConfig
 from ..cluster.launchers.registry import describe, launcher_class, names_where
-from ..cluster.lease import ttl_s
+from ..cluster.lease import LeaseHeldError, ttl_s
 from ..errors import ConfigError
 
 # What session.start has always been handed, given on the line or not (None: the
@@ -94,11 +95,16 @@ def keep_allocation(session, name: str | None = None) -> str:
     cluster = session.require_cluster()
     launcher = cluster.world.launcher
     alloc = getattr(launcher, "allocation", None)
+    if isinstance(alloc, KeptHosts):
+        # Hosts that are simply there: kept under a key of their own, on a lease.
+        forget_lapsed()
+        alloc.name_key()
+        alloc.saved_as = name
     if alloc is None or getattr(alloc, "job_id", None) is None:
         able = names_where(_attaches)
         raise UsageError(
             f"the {cluster.config.launcher} launcher holds nothing that outlives its engines "
-            f"(only {describe(able)} runs them in a scheduler's job); use %jaxsys stop"
+            f"(only {describe(able)} keeps what its engines run on); use %jaxsys stop"
         )
     try:
         path = save_allocation(alloc, _saved_options(cluster), name)
@@ -113,6 +119,13 @@ def keep_allocation(session, name: str | None = None) -> str:
     # Marked kept only once saved: a job nothing could find again would never be cancelled.
     launcher.keep_allocation()
     again = "%jaxsys attach" + (f" --name {name}" if name else "")
+    if isinstance(alloc, KeptHosts):
+        return (
+            f"jaxsys: the cluster's hosts, {alloc.describe_job()}, are kept with its options "
+            f"(saved in {path}); its processes stop. {again} starts a cluster of "
+            f"{cluster.config.nprocs} processes on them again, in this kernel or another, "
+            f"until {ttl_s():g} s after this kernel's end"
+        )
     return (
         f"jaxsys: {alloc.describe_job()} is kept (saved in {path}): {again} starts engines "
         f"in it again, also after a kernel restart within {ttl_s():g} s of this kernel's "
@@ -121,15 +134,27 @@ def keep_allocation(session, name: str | None = None) -> str:
 
 
 def _attaches(kind) -> bool:
-    """Whether a launcher starts engines in a running job (its allocation's kind)."""
+    """Whether a launcher keeps what its engines run on for an attach (its allocation's
+    kind): a scheduler's job, or hosts kept under a key."""
     return kind.allocation_kind is not None
+
+
+def _takes_job_ids(kind) -> bool:
+    """Whether a launcher starts engines in a job given by its id (``%jaxsys attach JOB``)."""
+    return _attaches(kind) and getattr(kind.allocation_kind, "takes_job_ids", True)
 
 
 def _saved_options(cluster) -> dict[str, Any]:
     """The cluster's options as saved for an attach: those given, and its size, which a
     later kernel's defaults must not decide."""
     cfg = cluster.config
-    return {**cfg.to_dict(), "hosts": cfg.nprocs, "devices_per_host": cfg.devices_per_host}
+    hosts = cfg.host_names or cfg.nprocs
+    return {
+        **cfg.to_dict(),
+        "launcher": cfg.launcher,
+        "hosts": hosts,
+        "devices_per_host": cfg.devices_per_host,
+    }
 
 
 def stop_note(cluster) -> str | None:
@@ -167,9 +192,12 @@ def _saved_job(name: str | None) -> tuple[str, dict[str, Any]]:
     status = alloc.poll()
     if status.state.terminal:
         forget_saved(name)
+        forget_lapsed()  # kept hosts' leases, lapsed, go with them
+        launcher = options.get("launcher")
         raise UsageError(
             f"the saved {alloc.describe_job()} is {status.describe()}: nothing to attach to; "
-            "start a new cluster (%jaxsys start --launcher slurm ...)"
+            f"start a new cluster (%jaxsys start{f' --launcher {launcher}' if launcher else ''} "
+            "...)"
         )
     options.setdefault("hosts", getattr(alloc, "ntasks", None) or max(1, len(status.hosts)))
     return alloc.job_id, options
@@ -201,6 +229,11 @@ def attach(session, args: argparse.Namespace) -> None:
     lease's TTL, ``JAXSYS_LEASE_TTL`` seconds, 45 by default); in a job of your own, only
     the engines' steps end then.
 
+    A cluster on this machine or on named hosts, kept with ``%jaxsys stop --keep-allocation`` keeps its hosts
+    and options (its processes stop, as every process ends with its kernel): ``%jaxsys
+    attach`` starts a cluster of the same shape on them again, within the lease's TTL of
+    the end of the kernel that kept them. A plain ``%jaxsys stop`` gives them back.
+
     Examples
     --------
     ::
@@ -221,12 +254,7 @@ def attach(session, args: argparse.Namespace) -> None:
         kind = _attaching(options.get("launcher"), able)
         if args.job_id is not None:
             job_id = args.job_id
-            alloc = kind.job_allocation(job_id)
-            status = alloc.poll()
-            if status.state.terminal:
-                what = alloc.describe_job()
-                raise UsageError(f"{what} is {status.describe()}: nothing to attach to")
-            options["hosts"] = max(1, len(status.hosts))
+            options["hosts"] = _running_job_size(kind, job_id)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     # One kernel at a time: refused before anything starts, naming the holder.
@@ -235,6 +263,9 @@ def attach(session, args: argparse.Namespace) -> None:
         raise UsageError(held)
     given = {"hosts": args.hosts, "devices_per_host": args.devices_per_host}
     options.update({k: v for k, v in given.items() if v is not None})
+    if not _takes_job_ids(kind):
+        _attach_hosts(session, name, options)
+        return
     launcher_options = {**options.get("launcher_options", {}), "job_id": job_id}
     options.update(launcher=kind.name, launcher_options=launcher_options)
     session.start(**options)
@@ -243,9 +274,24 @@ def attach(session, args: argparse.Namespace) -> None:
     save_allocation(kind.job_allocation(job_id, ntasks=options["hosts"]), options, name)
 
 
+def _running_job_size(kind, job_id: str) -> int:
+    """The processes an attach to the job ``job_id`` starts by default: one per node.
+
+    Raises
+    ------
+    UsageError
+        When the job has ended.
+    """
+    alloc = kind.job_allocation(job_id)
+    status = alloc.poll()
+    if status.state.terminal:
+        raise UsageError(f"{alloc.describe_job()} is {status.describe()}: nothing to attach to")
+    return max(1, len(status.hosts))
+
+
 def _attaching(saved: str | None, able: list[str]):
     """The launcher class an attach starts engines with: the saved cluster's, else the
-    one launcher that attaches to jobs.
+    one launcher that attaches to jobs given by their id.
 
     Raises
     ------
@@ -254,6 +300,34 @@ def _attaching(saved: str | None, able: list[str]):
     """
     if saved in able:
         return launcher_class(saved)
-    if len(able) != 1:
-        raise UsageError(f"attach needs one launcher that takes a job id, not {describe(able)}")
-    return launcher_class(able[0])
+    by_id = [n for n in able if _takes_job_ids(launcher_class(n))]
+    if len(by_id) != 1:
+        raise UsageError(f"attach needs one launcher that takes a job id, not {describe(by_id)}")
+    return launcher_class(by_id[0])
+
+
+def _attach_hosts(session, name: str | None, options: dict[str, Any]) -> None:
+    """Start a cluster on the hosts a stop kept under ``name``, holding their lease while
+    it runs (another kernel is refused meanwhile).
+
+    Raises
+    ------
+    UsageError
+        When another live kernel runs a cluster on them.
+    """
+    saved = load_saved(name)
+    if saved is None or not isinstance(saved[0], KeptHosts):
+        raise UsageError(f"no kept hosts in {saved_file(name)}: keep a cluster's first")
+    alloc = saved[0]
+    alloc.saved_as = name
+    try:
+        alloc.attach()
+    except LeaseHeldError as e:
+        raise UsageError(str(e)) from None
+    try:
+        session.start(**options)
+    except BaseException:
+        # Kept again, for another try: nothing ran on them.
+        alloc.keep()
+        raise
+    session.require_cluster().world.launcher.hold(alloc)

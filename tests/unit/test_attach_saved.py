@@ -104,8 +104,9 @@ def test_stop_keep_allocation_keeps_the_job_past_the_teardown(monkeypatch, capsy
 
 
 def test_stop_keep_allocation_refuses_a_launcher_without_one(capsys):
-    session = StartSession(_cluster("local"))
-    with pytest.raises(UsageError, match="the local launcher holds nothing that outlives"):
+    # An mpiexec job ends with its engines: nothing to keep (local and ssh keep hosts).
+    session = StartSession(_cluster("mpi"))
+    with pytest.raises(UsageError, match="the mpi launcher holds nothing that outlives"):
         actions.dispatch(session, "stop --keep-allocation")
     assert load_saved() is None
 

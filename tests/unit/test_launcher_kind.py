@@ -122,7 +122,7 @@ def test_a_job_is_attached_to_through_its_launchers_allocation():
     assert (alloc.job_id, alloc.ntasks) == ("12", 3)
     with pytest.raises(ConfigError, match="JOB must be a Slurm job id"):
         SlurmLauncher.job_allocation("12; rm")
-    with pytest.raises(ConfigError, match="the local launcher has no job to attach to"):
+    with pytest.raises(ConfigError, match="the local launcher keeps its hosts under a name"):
         LocalLauncher.job_allocation("12")
 
 

@@ -15,6 +15,7 @@ from ..profile import engine_file
 from ..teardown import pid_alive
 from .base import EngineContext, Launcher, native_log_file, stack_file
 from .forks import ForkServer
+from .kept import KeepsHosts
 
 #: Seconds a death's description waits for the exit status of the engine's process (the
 #: stand-in of a forked engine ends moments after the engine).
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ..records import ProcessInfo
 
 
-class LocalLauncher(Launcher):
+class LocalLauncher(KeepsHosts, Launcher):
     """Processes on this machine, one engine set per rank, signalled directly (no nanny)."""
 
     name = "local"

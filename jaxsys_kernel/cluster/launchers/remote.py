@@ -15,6 +15,7 @@ from ... import _compat
 from ..options import Flag
 from ..teardown import START_TIME_TOLERANCE_S, sub_launchers
 from .base import EngineContext, Launcher, host_part
+from .kept import KeepsHosts
 
 # Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
 SSH_HEARTBEAT_MISSES = 20
@@ -48,7 +49,7 @@ for pid, when in json.loads(%r):
 """
 
 
-class SshLauncher(Launcher):
+class SshLauncher(KeepsHosts, Launcher):
     """One engine per named host, started over ssh; engines there are killed over ssh.
 
     Engines run without the death signal (the process that spawns them on their host exits
