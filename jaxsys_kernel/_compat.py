@@ -102,6 +102,50 @@ def send_execute(client, view, engine_ids: Sequence[int], code: str, hook) -> No
         )
 
 
+def broadcast_execute(client, engine_ids: Sequence[int], code: str, hook) -> None:
+    """Send ``code`` to every engine in one message, through the controller's broadcast
+    scheduler, with ``hook(rank_index, future)`` called for each engine before it leaves.
+
+    The scheduler hands engine ``uuid`` its copy as ``<request id>_<uuid>``, and the reply
+    and output come back under that id, so each engine gets a future of its own, made as
+    ipyparallel's ``BroadcastView`` makes them but before the request leaves (see
+    :func:`send_execute`), and counted as outstanding on its engine so that the engine's
+    death resolves it. The request's own future never resolves: it is dropped at once.
+    """
+    # Deferred: as in check_versions.
+    from ipyparallel.client.futures import multi_future
+
+    idents, ids = client._build_targets(list(engine_ids))
+    uuids = [ident.decode("utf8") for ident in idents]
+    targets = list(zip(uuids, ids, strict=True))
+    metadata = {"targets": targets, "is_broadcast": True, "is_coalescing": False}
+
+    def fan_out(request) -> None:
+        for i, uuid in enumerate(uuids):
+            msg_id = f"{request.msg_id}_{uuid}"
+            futures = client.create_message_futures(msg_id, request.header, async_result=True)
+            client.outstanding.add(msg_id)
+            client._outstanding_dict[uuid].add(msg_id)
+            multi_future(futures).add_done_callback(partial(_forget, client, msg_id))
+            hook(i, futures[0])
+        _forget(client, request.msg_id)
+
+    client.send_execute_request(
+        client._broadcast_stream,
+        code,
+        silent=False,
+        metadata=metadata,
+        message_future_hook=fan_out,
+    )
+
+
+def _forget(client, msg_id: str, _future=None) -> None:
+    """Drop the client's records of a request (as ipyparallel does once one resolves)."""
+    client.outstanding.discard(msg_id)
+    for table in (client.results, client._futures, client._output_futures, client.metadata):
+        table.pop(msg_id, None)
+
+
 # -- ipyparallel: launchers --------------------------------------------------------------------
 
 

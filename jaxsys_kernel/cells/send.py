@@ -1,12 +1,19 @@
-"""The thin sender: one execute request per process, and the loop that drives a cell.
+"""The thin sender: a cell's requests to its processes, and the loop that drives a cell.
+
+A cell leaves the kernel as one execute request per process through the controller's
+direct queue, or (:data:`BROADCAST`) as one message to its broadcast scheduler, which
+hands each process its own copy. Either way each process's reply and output come back on
+their own, so nothing about a process's part of the cell is merged before collation.
 
 Callbacks run on the ipyparallel client's IO thread and only put ``(rank, kind, payload)``
-on a queue; the kernel's main thread takes them off and feeds the cell machine, so a
-KeyboardInterrupt from the stop button lands here, where it can be handled.
+on a queue (:mod:`~jaxsys_kernel.cells.inbox`); the kernel's main thread takes everything
+waiting off at once and feeds the cell machine, so a KeyboardInterrupt from the stop
+button lands here, where it can be handled.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 import weakref
@@ -16,45 +23,36 @@ from .. import _compat
 from ..engine import hooks as engine_hooks
 from ..errors import CellError
 from .divergence import DivergenceCheck, DivergenceWatch
+from .inbox import Events, Inbox
 from .result import CellRun, MultihostInterrupt, interrupt_summary
 from .run import DONE, INTERRUPT, JUDGE, CellMachine
 from .sink import Sink
 
 # The longest the loop blocks on the queue before looking at the clock again.
 POLL = 0.5
+# The most events taken off the queue before the machine looks at its timers again.
+BATCH = 256
+# Whether a cell goes out as one message through the controller's broadcast scheduler
+# (True), or as one request per process through its direct queue (False). Both carry every
+# part of the cell path; on a small machine the direct queue is the quicker (the broadcast
+# scheduler is one more Python process that copies the request for, and relays the reply
+# of, every process), so it stays the default. JAXSYS_CELL_BROADCAST=1 turns it on.
+BROADCAST = os.environ.get("JAXSYS_CELL_BROADCAST") == "1"
 
 
-class _Inbox:
-    """Puts one process's events on the queue (runs on the client's IO thread)."""
-
-    def __init__(self, events: queue.SimpleQueue, rank: int):
-        self.events = events
-        self.rank = rank
-
-    def iopub(self, msg: dict) -> None:
-        self.events.put((self.rank, "iopub", msg))
-
-    def reply(self, future) -> None:
-        self.events.put((self.rank, "reply", future))
-
-    def idle(self, _future) -> None:
-        self.events.put((self.rank, "idle", None))
-
-    def attach(self, future) -> None:
-        """Registered before the request is sent, so no output can slip past it."""
-        future.iopub_callbacks.append(self.iopub)
-        future.add_done_callback(self.reply)
-        future.output.add_done_callback(self.idle)
-
-
-def send_cell(cluster, code: str, ranks: Sequence[int]) -> queue.SimpleQueue:
+def send_cell(cluster, code: str, ranks: Sequence[int]) -> Events:
     """Send ``code`` to the processes ``ranks``; their events arrive on the returned queue."""
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    inboxes = [_Inbox(events, r) for r in ranks]
+    events = Events(expected=2 * len(ranks))
+    inboxes = [Inbox(events, r) for r in ranks]
     engine_ids = cluster.engine_ids(list(ranks))
-    _compat.send_execute(
-        cluster.client, cluster.view, engine_ids, code, lambda i, fut: inboxes[i].attach(fut)
-    )
+
+    def hook(i: int, future) -> None:
+        inboxes[i].attach(future)
+
+    if BROADCAST:
+        _compat.broadcast_execute(cluster.client, engine_ids, code, hook)
+    else:
+        _compat.send_execute(cluster.client, cluster.view, engine_ids, code, hook)
     return events
 
 
@@ -95,7 +93,7 @@ class Driver:
     Parameters
     ----------
     machine : CellMachine
-    events : queue.SimpleQueue
+    events : Events
         ``(rank, kind, payload)`` tuples from :func:`send_cell`.
     interrupt : callable
         ``interrupt(ranks) -> ranks signalled`` (``Cluster.interrupt``).
@@ -111,7 +109,7 @@ class Driver:
     def __init__(
         self,
         machine: CellMachine,
-        events: queue.SimpleQueue,
+        events: Events,
         interrupt: Callable[[list[int]], list[int]],
         on_hang: Callable[[CellRun], str] | None = None,
         on_interrupt: Callable[[list[int]], None] | None = None,
@@ -166,15 +164,22 @@ class Driver:
                 )
             # At least a millisecond: a timer that did not move must not spin the loop.
             wait = POLL if until is None else min(POLL, max(0.001, until - m.clock()))
-            try:
-                event = self.events.get(timeout=wait)
-            except queue.Empty:
-                event = None
-            if event is not None and not (self.watch and self.watch.intercept(*event)):
-                m.feed(*event)
+            self.take(wait)
             if self.watch is not None:
                 self.watch.tick(m.running, m.run.failed())
         return False
+
+    def take(self, wait: float) -> None:
+        """Feed the machine the next event (waiting up to ``wait`` s for one) and every
+        event already behind it, up to :data:`BATCH`: a cell's replies arrive in bursts,
+        and the machine's timers need looking at once per burst, not once per event."""
+        for timeout in (wait, *([0.0] * (BATCH - 1))):
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                return
+            if not (self.watch and self.watch.intercept(*event)):
+                self.machine.feed(*event)
 
 
 def execute(

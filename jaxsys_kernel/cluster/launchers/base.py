@@ -33,6 +33,11 @@ log = logging.getLogger("jaxsys.cluster")
 # misses allowed, an engine is still only declared dead after 5 s without a heartbeat.
 HEARTBEAT_PERIOD_MS = 250
 HEARTBEAT_MISSES = 20
+# Levels of the controller's broadcast scheduler tree below its root (ipyparallel's
+# default is 1: a root and two leaves, three processes). Every broadcast request and reply
+# passes through each level's Python process; a root that reaches the engines itself is
+# quicker (one hop each way) and costs two processes fewer per cluster.
+BROADCAST_DEPTH = 0
 # Seconds a kill of engines waits for the local ones to be gone.
 ENGINE_KILL_WAIT_S = 5.0
 
@@ -146,6 +151,7 @@ class Launcher(LauncherKind):
         controller_args = [
             f"--HeartMonitor.period={HEARTBEAT_PERIOD_MS}",
             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+            f"--IPController.broadcast_scheduler_depth={BROADCAST_DEPTH}",
         ]
         if secure:
             # Engines and the client pick up the server key from the connection files.
