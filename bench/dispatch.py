@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import statistics
 import sys
 import tempfile
@@ -51,6 +52,11 @@ from jupyter_client.manager import start_new_kernel
 
 MULTIHOST_CELL = "%%multihost\nx = 1"
 PX_CELL = "%%px\nx = 1"
+# Streamed %%px output may run one engine's text into the next one's label.
+PID_LINE = re.compile(r"pid (\d+)")
+# With --broadcast, %%multihost is timed a second time with its cells sent as one message
+# through the controller's broadcast scheduler; the switch is flipped in untimed cells.
+BROADCAST_SWITCH = "import jaxsys_kernel.cells.send as _send\n_send.BROADCAST = {on}"
 TARGET = 1.10
 # Dispatch does not depend on the number of devices, so the larger world gets one device
 # per process: eight JAX CPU clients with two devices each is memory nobody needs here.
@@ -140,7 +146,7 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def measure(n: int, reps: int, warmup: int) -> dict:
+def measure(n: int, reps: int, warmup: int, broadcast: bool = False) -> dict:
     """Start a kernel and a cluster of ``n`` processes; time both kinds of cell."""
     dph = DEVICES_PER_HOST.get(n, 1)
     km = kc = log = None
@@ -180,25 +186,37 @@ def measure(n: int, reps: int, warmup: int) -> dict:
             )
         # Both kinds must really run on every process, or the comparison is meaningless.
         _, out = run_ok(kc, "%%px\nimport os\nprint('pid', os.getpid())")
-        px_pids = sorted(int(w) for w in out.split() if w.isdigit())
+        px_pids = sorted(int(w) for w in PID_LINE.findall(out))
         if px_pids != sorted(info["pids"]):
             raise BenchError(
                 f"%%px ran on pids {px_pids}, the cluster's are {sorted(info['pids'])}"
             )
         _, out = run_ok(kc, "%%multihost --no-collate\nimport os\nprint('pid', os.getpid())")
-        mh_pids = sorted(int(w) for w in out.split() if w.isdigit())
+        mh_pids = sorted(int(w) for w in PID_LINE.findall(out))
         if mh_pids != sorted(info["pids"]):
             raise BenchError(
                 f"%%multihost ran on pids {mh_pids}, the cluster's are {sorted(info['pids'])}"
             )
 
+        def broadcast_cell() -> float:
+            run_ok(kc, BROADCAST_SWITCH.format(on=True))
+            try:
+                return run_ok(kc, MULTIHOST_CELL)[0]
+            finally:
+                run_ok(kc, BROADCAST_SWITCH.format(on=False))
+
+        cells = {"multihost": lambda: run_ok(kc, MULTIHOST_CELL)[0]}
+        if broadcast:
+            cells["broadcast"] = broadcast_cell
+        cells["px"] = lambda: run_ok(kc, PX_CELL)[0]
         for _ in range(warmup):
-            run_ok(kc, MULTIHOST_CELL)
-            run_ok(kc, PX_CELL)
-        times: dict[str, list[float]] = {"multihost": [], "px": []}
+            for cell in cells.values():
+                cell()
+        times: dict[str, list[float]] = {kind: [] for kind in cells}
+        result["load"] = os.getloadavg()[0]
         for _ in range(reps):
-            times["multihost"].append(run_ok(kc, MULTIHOST_CELL)[0])
-            times["px"].append(run_ok(kc, PX_CELL)[0])
+            for kind, cell in cells.items():
+                times[kind].append(cell())
 
         t_stop, text = run_ok(kc, "%jaxsys stop", timeout=30)
         result.update(start_s=t_start, stop_s=t_stop, times=times)
@@ -247,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed cells of each kind")
     ap.add_argument("--warmup", type=int, default=None, help="untimed cells of each kind first")
     ap.add_argument("--sizes", default="4,8", help="process counts, comma-separated")
+    ap.add_argument(
+        "--broadcast", action="store_true", help="also time %%%%multihost sent as one broadcast"
+    )
     args = ap.parse_args(argv)
     reps = args.reps or (10 if args.quick else 40)
     warmup = args.warmup if args.warmup is not None else (3 if args.quick else 5)
@@ -260,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     results = []
     for n in sizes:
-        r = measure(n, reps, warmup)
+        r = measure(n, reps, warmup, args.broadcast)
         results.append(r)
         gone = "none left over" if not r["leftovers"] else f"LEFT OVER: {', '.join(r['leftovers'])}"
         print(
             f"  n={n}: cluster up in {r['start_s']:.1f} s, stopped in {r['stop_s']:.2f} s; "
-            f"{r['tracked']} kernel-side processes tracked, {gone}",
+            f"{r['tracked']} kernel-side processes tracked, {gone}; "
+            f"load average (1 min) {r['load']:.1f} when timing began",
             flush=True,
         )
 
@@ -275,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     ratios = []
     for r in results:
-        for kind in ("multihost", "px"):
+        for kind in r["times"]:
             t = r["times"][kind]
             print(
                 f"{r['n']:>3} {r['devices_per_host']:>8} {kind:>10} "
@@ -285,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(r["times"]["multihost"]) / statistics.median(r["times"]["px"])
         ratios.append((r["n"], ratio))
         print(f"{'':>3} {'':>8} {'ratio':>10} {ratio:>10.2f}")
+        if "broadcast" in r["times"]:
+            bcast = statistics.median(r["times"]["broadcast"]) / statistics.median(r["times"]["px"])
+            print(f"{'':>3} {'':>8} {'bcast/px':>10} {bcast:>10.2f}")
     print()
     print(
         f"load average (1 min) at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}; "
