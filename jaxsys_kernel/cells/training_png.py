@@ -16,7 +16,15 @@ from ..data.draw import process_colour
 from ..widgets.pictures import wrap
 from ..widgets.raster import CHAR_H, LINE_H, Canvas, fit, text_width
 from .training_chart import TrainingLog
-from .training_svg import MAX_DRAWN, MAX_LINES, OUTAGE, PHASE_COLOURS, PHASES, summary_text
+from .training_svg import (
+    MAX_DRAWN,
+    MAX_LINES,
+    OUTAGE,
+    PHASE_COLOURS,
+    PHASES,
+    fraction,
+    summary_text,
+)
 
 WIDTH = 760
 LEFT, RIGHT, MARGIN = 84, 8, 6
@@ -38,7 +46,6 @@ def _panel(canvas: Canvas, log: TrainingLog, top: int, key: int, label: str, x_o
     procs = sorted(log.points)[:MAX_LINES]
     values = [pt[key] for p in procs for pt in log.points[p] if math.isfinite(pt[key])]
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    span = (hi - lo) or 1.0
     for a, b in log.outages():
         canvas.box(x_of(a), top, max(1.0, x_of(b) - x_of(a)), PANEL, fill=OUTAGE)
     canvas.box(LEFT, top, WIDTH - LEFT - RIGHT, PANEL, edge="#999999")
@@ -51,7 +58,7 @@ def _panel(canvas: Canvas, log: TrainingLog, top: int, key: int, label: str, x_o
         prev = None
         for t, *vals in pts[::every]:
             v = vals[key - 1]
-            here = (x_of(t), top + PANEL - (v - lo) / span * (PANEL - 8) - 4)
+            here = (x_of(t), top + PANEL - fraction(v, lo, hi) * (PANEL - 8) - 4)
             attempt = bisect.bisect_right(log.attempts, t)
             if not math.isfinite(v):
                 prev = None

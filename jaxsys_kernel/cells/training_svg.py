@@ -54,6 +54,13 @@ def summary_text(log: TrainingLog) -> str:
     return "\n".join(lines)
 
 
+def fraction(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` lies from ``lo`` (0) to ``hi`` (1); 0 where that cannot be said (values
+    near the float's limits, whose differences overflow)."""
+    f = (v - lo) / ((hi - lo) or 1.0)
+    return min(1.0, max(0.0, f)) if math.isfinite(f) else 0.0
+
+
 def _thin(pts: list, most: int = MAX_DRAWN) -> list:
     if len(pts) <= most:
         return pts
@@ -66,10 +73,9 @@ def _panel(log, top: float, key: int, label: str, x_of) -> list[str]:
     drawn = {p: _thin(pts) for p, pts in sorted(log.points.items())[:MAX_LINES]}
     values = [pt[key] for pts in drawn.values() for pt in pts if math.isfinite(pt[key])]
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    span = (hi - lo) or 1.0
 
     def y_of(v: float) -> float:
-        return top + PANEL - (v - lo) / span * (PANEL - 8) - 4
+        return top + PANEL - fraction(v, lo, hi) * (PANEL - 8) - 4
 
     out = [
         f'<rect x="{LEFT}" y="{top}" width="{WIDTH - LEFT - RIGHT}" height="{PANEL}" '
@@ -167,4 +173,4 @@ def training_svg(log: TrainingLog) -> str:
     return "".join(out)
 
 
-__all__ = ["summary_text", "training_svg"]
+__all__ = ["fraction", "summary_text", "training_svg"]

@@ -188,3 +188,16 @@ def test_the_png_shows_the_outage_and_every_phase_colour():
     quiet = tc.TrainingLog(clock=Clock())
     quiet.feed("[p0] step 1 loss 2.0\n")
     assert training_picture(quiet).height < canvas.height  # no strip without a fault
+
+
+def test_losses_at_the_floats_limits_still_draw():
+    from jaxsys_kernel.cells.training_png import training_picture
+
+    log = tc.TrainingLog(clock=Clock())
+    for step, loss in enumerate(["1e308", "-1.7e308", "inf", "-inf", "nan", "0"], 1):
+        log.clock.now += 1.0
+        log.feed(f"[p0] step {step} loss {loss}\n")
+    svg = training_svg(log)
+    assert "nan" not in svg.replace(">nan<", "") and "inf," not in svg
+    ET.fromstring(svg)
+    assert training_picture(log).png().startswith(b"\x89PNG")
