@@ -40,12 +40,13 @@ from .teardown import pid_alive, sub_launchers, unregister
 log = logging.getLogger("jaxsys.cluster")
 
 bootstrap = engine_module("bootstrap")
+readiness = engine_module("readiness")
 spare = engine_module("spare")
 
 # Seconds the swapped-in processes get to take their settings and describe themselves.
 SWAP_ASK_S = 10.0
 # Seconds a spare process gets to finish its start-up imports once registered.
-BOOTED_ASK_S = 60.0
+BOOT_WAIT_S = 120.0
 _POLL_S = 0.05
 # Where the spare world's engine ids start, relative to the standby's first id: clear of it.
 _ID_OFFSET = 5
@@ -196,10 +197,14 @@ class SpareWorld:
             self._check(world, generation, deadline, "register")
             await asyncio.sleep(_POLL_S)
         by_rank = {r: e.engine_id for r, e in self.engines.items()}
-        await self._ask_all(
-            world, by_rank, bootstrap.wait_booted, BOOTED_ASK_S, timeout=BOOTED_ASK_S + 5
-        )
-        self._check(world, generation, deadline, "boot")
+        # Joining starts JAX's initialisation timeout: first every process has its imports.
+        deadline = time.monotonic() + BOOT_WAIT_S
+        while True:
+            told = await self._ask_all(world, by_rank, readiness.state, timeout=BOOT_WAIT_S)
+            if all(isinstance(t, dict) and t.get("ready") is True for t in told.values()):
+                break
+            self._check(world, generation, deadline, "finish its imports")
+            await asyncio.sleep(_POLL_S * 4)
         infos = await self._ask_all(world, by_rank, bootstrap.describe_process, timeout=30.0)
         for r, info in infos.items():
             if info.get("rank") != r:
