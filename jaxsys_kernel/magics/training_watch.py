@@ -31,11 +31,23 @@ class Chart:
         self.log = log
         self.handle = None
         self.drawn_at = -float("inf")
+        self.failed = False
 
     def draw(self, force: bool = False) -> None:
-        """Show or redraw the chart: now if ``force``, else if the last draw is old enough."""
-        if not self.log.has_steps():
+        """Show or redraw the chart: now if ``force``, else if the last draw is old enough.
+
+        A chart that fails to draw says so once and is not drawn again: the cell it watches
+        goes on.
+        """
+        if not self.log.has_steps() or self.failed:
             return
+        try:
+            self._draw(force)
+        except Exception as e:  # noqa: BLE001 - never let the picture end a training cell
+            self.failed = True
+            print(f"jaxsys: the training chart could not be drawn: {e!r}", file=sys.stderr)
+
+    def _draw(self, force: bool) -> None:
         now = time.monotonic()
         if not force and now - self.drawn_at < LIVE_EVERY:
             return

@@ -201,3 +201,13 @@ def test_losses_at_the_floats_limits_still_draw():
     assert "nan" not in svg.replace(">nan<", "") and "inf," not in svg
     ET.fromstring(svg)
     assert training_picture(log).png().startswith(b"\x89PNG")
+
+
+def test_a_chart_that_fails_to_draw_says_so_once_and_the_cell_goes_on(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no display")
+
+    monkeypatch.setattr(training_watch, "display", broken)
+    assert retries.run_with_retries(Session(), "x", None, {}, 1) == "value"
+    err = capsys.readouterr().err
+    assert err.count("the training chart could not be drawn: RuntimeError('no display')") == 1
