@@ -2,10 +2,10 @@
 view's engine side.
 
 While switched on (:func:`enable`), every call a cell's own code makes to a jitted function
-whose result spans processes is one step: the recorder notes when the work leading to it
+whose first argument spans processes is one step: the recorder notes when the work leading to it
 began (the previous step returned, or the cell began), the time spent in the input pipeline
 (:func:`note_input`) and compiling (JAX's compile-duration events) and when the call was
-made, then waits for the result to be ready and notes when. That wait holds the process at
+made, then waits for the arrays still being computed (its result among them) and notes when. That wait holds the process at
 the step's end as the collective inside it would at the next one, so that time spent
 waiting for the others is counted inside the step, not in the next step's host time.
 
@@ -60,10 +60,16 @@ def _spans_processes(result) -> bool:
     return any(not getattr(leaf, "is_fully_addressable", True) for leaf in leaves)
 
 
-def _ready(result) -> None:
+def _ready(_seen) -> None:
+    """Wait for every array this process is still computing, the call's result among them.
+
+    The monitoring event that ends a call hands over its first argument, not what it
+    returned (and a jitted call returns before its devices finish), so the result is waited
+    for among the process's live arrays: at that moment it is one of them.
+    """
     import jax  # Deferred: as in _spans_processes.
 
-    jax.block_until_ready(result)
+    jax.block_until_ready([a for a in jax.live_arrays() if not a.is_ready()])
 
 
 class Recorder:
@@ -74,7 +80,7 @@ class Recorder:
     clock : callable
         Wall clock in seconds (the kernel corrects it by the measured offset).
     spans : callable
-        ``spans(result)``: whether a call's result spans processes (a step).
+        ``spans(arg)``: whether a call's first argument spans processes (a step).
     ready : callable
         ``ready(result)``: waits for the result's devices to finish.
     sleep : callable
@@ -180,9 +186,12 @@ def _callbacks(rec: Recorder):
             rec.on_call()
         return None
 
-    def on_c_return(code, _offset, fn, result):
+    # C_RETURN passes the call's first argument, not its result: a step is a call whose
+    # first argument spans processes (a training step's state or batch does), and its end
+    # is when every array still being computed is ready (see _ready).
+    def on_c_return(code, _offset, fn, arg0):
         if _is_jitted(fn) and _is_cell_file(code.co_filename):
-            rec.on_return(result)
+            rec.on_return(arg0)
 
     def on_c_raise(code, _offset, fn, _exc):
         if _is_jitted(fn) and _is_cell_file(code.co_filename):

@@ -78,7 +78,7 @@ def where(session, args: argparse.Namespace) -> None:
     """Who the others waited for at each step of the last cell, and where each one's time went.
 
     With ``on``, every process records, for each call your cell makes to a jitted function
-    whose result spans processes, when it began the work leading to it, its time in the
+    on arrays that span processes, when it began the work leading to it, its time in the
     input pipeline, compiling, and when it arrived; it then waits for the result, so one
     step's wait is not counted in the next step's host time. Without an argument, after a
     cell: the kernel measures each process's clock against its own, puts the records on one
@@ -127,7 +127,7 @@ def slow(session, args: argparse.Namespace) -> None:
     """Delay one process before each step, to teach and test ``%jaxsys where``.
 
     Until ``--off``, process P sleeps ``--ms`` milliseconds before each call of a jitted
-    function from a cell whose result spans processes: in host code (``--in host``, the
+    function from a cell on arrays that span processes: in host code (``--in host``, the
     default), counted as its input pipeline (``--in input``), or as device time before the
     collective, as if its device were slow (``--in compute``). Turns the step records on.
 
