@@ -9,10 +9,13 @@ What is measured, in one run
    agent is a thread in the engine). A fault is *survived* when the next cell
    works without a restart, *reported* when a cell or the restart fails with words naming
    what died and what to do (and the restart then works), *failed* otherwise.
-2. **Kernel SIGKILL, local** (``--kernel-kills``, 100 by default), idle and during a cell
-   in turn: seconds until no process of the kernel is left, and what is left after 15 s
-   (processes, ``jaxsys-profile-<pid>-*`` / ``jaxsys-fork-<pid>-*`` directories, new
-   ``jaxsys-trace-*`` directories).
+2. **Kernel SIGKILL, local** (``--kernel-kills``, 100 by default, or as many as fit in
+   ``--seconds``), in turn idle, during a cell, and after ``%jaxsys stop
+   --keep-allocation`` (the hosts kept on a lease of :data:`LOCAL_TTL_S`): seconds until no
+   process of the kernel is left, and what is left after 15 s (processes,
+   ``jaxsys-profile-<pid>-*`` / ``jaxsys-fork-<pid>-*`` directories, new
+   ``jaxsys-trace-*`` directories), and after a kept kill, once the lease's TTL + 5 s have
+   passed, the leases still live.
 3. **Kernel SIGKILL, Slurm** (``--slurm-kills``, 20 by default) on the private Slurm of
    the test suite (tests/slurm.py; skipped, saying why, where it cannot run): in turn a
    running cluster, and an allocation kept with ``%jaxsys stop --keep-allocation``, then
@@ -21,7 +24,8 @@ What is measured, in one run
    stopped for 10 s. After the lease's TTL + 5 s (from slurmctld's return after an
    outage): jobs in the queue, processes here and on the hosts, directories.
 
-Usage: ``python bench/chaos.py [--rounds 3] [--kernel-kills 100] [--slurm-kills 20]``.
+Usage: ``python bench/chaos.py [--rounds 3] [--kernel-kills 100] [--seconds S]
+[--slurm-kills 20]`` (``--rounds 0`` leaves the helpers out).
 """
 
 from __future__ import annotations
@@ -243,46 +247,82 @@ def start_problem(k: Kernel) -> str | None:
     return None if out.status == "ok" else said(out)[-300:]
 
 
-def kernel_kills(n: int) -> dict:
-    """The kernel SIGKILLed ``n`` times, idle and during a cell in turn."""
-    times, left_procs, left_dirs, left_traces, failed = [], 0, 0, 0, 0
-    for i in range(n):
-        tag, before = new_tag(), traces()
-        try:
-            k = Kernel(tag)
-        except RuntimeError as e:  # its ports taken before it bound them, on a busy machine
-            failed += 1
-            print(f"  kill {i + 1}: the kernel did not start: {e}", flush=True)
-            for line in wait_no_processes(tag, 5):
-                os.kill(int(line.split()[0]), signal.SIGKILL)
-            continue
-        pid = k.pid
-        try:
-            why = start_problem(k)
+#: The lease of local hosts kept in the loop: what is left is counted this long + 5 s after.
+LOCAL_TTL_S = 6.0
+LOCAL_MODES = ("idle", "during a cell", "kept")
+
+
+def live_leases(state_dir: str) -> int:
+    """Leases of kept hosts under ``state_dir`` that have not lapsed."""
+    from jaxsys_kernel.cluster import lease
+
+    found = Path(state_dir, "hosts").glob("lease-*")
+    return sum(1 for path in found if (held := lease.read(path)) and not held.lapsed())
+
+
+def kill_one(tag: str, mode: str, env: dict) -> tuple[int, float | None, str | None]:
+    """One kernel, its cluster started (and kept, in the "kept" mode), SIGKILLed: its pid,
+    the seconds until none of its processes is left, and why it did not start."""
+    k = Kernel(tag, extra_env=env)
+    pid = k.pid
+    try:
+        why = start_problem(k)
+        if not why and mode == "during a cell":
+            cell_under_way(k)
+        elif not why and mode == "kept":
+            out = k.execute("%jaxsys stop --keep-allocation")
+            if out.status != "ok" or "are kept" not in out.stdout:
+                why = f"the keep failed: {(said(out) or out.stdout)[-300:]}"
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        k.kc.stop_channels()
+        k.km.cleanup_resources()
+        wait_no_processes(tag, LEFT_AFTER_S)
+        wait_for(lambda: not dirs_of(pid), LEFT_AFTER_S)
+        return pid, None if why else time.monotonic() - t0, why
+    finally:
+        for line in wait_no_processes(tag, 0):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def kernel_kills(n: int, seconds: float | None = None) -> dict:
+    """The kernel SIGKILLed ``n`` times (or as often as fits in ``seconds``), in turn idle,
+    during a cell and with its hosts kept."""
+    times, left_procs, left_dirs, left_traces, left_leases, failed = [], 0, 0, 0, 0, 0
+    ends = None if seconds is None else time.monotonic() + seconds
+    counts = dict.fromkeys(LOCAL_MODES, 0)
+    with tempfile.TemporaryDirectory(prefix="jaxsys-chaos-state-") as state_dir:
+        env = {"JAXSYS_STATE_DIR": state_dir, "JAXSYS_LEASE_TTL": str(LOCAL_TTL_S)}
+        for i in range(n):
+            if ends is not None and time.monotonic() > ends:
+                break
+            tag, before, mode = new_tag(), traces(), LOCAL_MODES[i % len(LOCAL_MODES)]
+            try:
+                pid, took, why = kill_one(tag, mode, env)
+            except RuntimeError as e:  # its ports taken before it bound them (a busy machine)
+                failed += 1
+                print(f"  kill {i + 1}: the kernel did not start: {e}", flush=True)
+                continue
+            counts[mode] += 1
             if why:
                 failed += 1
-                print(f"  kill {i + 1}: the cluster did not start: {why}", flush=True)
-            elif i % 2:
-                cell_under_way(k)
-            t0 = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            k.kc.stop_channels()
-            k.km.cleanup_resources()
-            left = wait_no_processes(tag, LEFT_AFTER_S)
-            wait_for(lambda: not dirs_of(pid), LEFT_AFTER_S)  # noqa: B023 - used at once
-            times.append(time.monotonic() - t0)
-        finally:
-            for line in wait_no_processes(tag, 0):
-                os.kill(int(line.split()[0]), signal.SIGKILL)
-        left_procs += len(left)
-        left_dirs += len(dirs_of(pid))
-        left_traces += len(traces() - before)
+                print(f"  kill {i + 1} ({mode}): the cluster did not start: {why}", flush=True)
+            if took is not None:
+                times.append(took)
+            if mode == "kept":
+                time.sleep(LOCAL_TTL_S + 5)  # what is left is counted after the lease's end
+                left_leases += live_leases(state_dir)
+            left_procs += len(wait_no_processes(tag, 0))
+            left_dirs += len(dirs_of(pid))
+            left_traces += len(traces() - before)
     return {
-        "kills": n,
+        "kills": sum(counts.values()),
+        **{f"  of them {mode}": c for mode, c in counts.items()},
         "failed starts (kernel or cluster)": failed,
         "processes left": left_procs,
         "directories left": left_dirs,
         "trace directories left": left_traces,
+        f"kept leases live after TTL {LOCAL_TTL_S:g} s + 5 s": left_leases,
         "seconds to nothing (median)": statistics.median(times) if times else float("nan"),
         "seconds to nothing (max)": max(times) if times else float("nan"),
     }
@@ -389,10 +429,30 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="idle and in-cell kills of each helper")
     ap.add_argument("--kernel-kills", type=int, default=100, help="local kernel SIGKILLs")
+    ap.add_argument(
+        "--seconds", type=float, default=None, help="at most this long for the local kills"
+    )
     ap.add_argument("--slurm-kills", type=int, default=20, help="kernel SIGKILLs on Slurm")
     args = ap.parse_args(argv)
     print(load())
-    helpers = helper_faults(args.rounds)
+    if args.rounds:
+        show_helpers(helper_faults(args.rounds))
+    show(
+        "kernel SIGKILL, local cluster (idle, during a cell, kept, in turn)",
+        kernel_kills(args.kernel_kills, args.seconds),
+    )
+    print(load())
+    if args.slurm_kills:
+        show(
+            f"kernel SIGKILL, private Slurm (in turn: running; kept and reattached; running "
+            f"with slurmctld down {OUTAGE_S:g} s; left after TTL {SLURM_TTL_S:g} s + 5 s)",
+            slurm_kills(args.slurm_kills),
+        )
+        print(load())
+    return 0
+
+
+def show_helpers(helpers: dict) -> None:
     left = helpers.pop("_left")
     print(f"{'helper killed':18} {'tried':>6} {'survived':>9} {'reported':>9} {'failed':>7}")
     for name, got in helpers.items():
@@ -405,19 +465,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{left['directories']} directories"
     )
     print(load())
-    show(
-        "kernel SIGKILL, local cluster (idle and during a cell in turn)",
-        kernel_kills(args.kernel_kills),
-    )
-    print(load())
-    if args.slurm_kills:
-        show(
-            f"kernel SIGKILL, private Slurm (in turn: running; kept and reattached; running "
-            f"with slurmctld down {OUTAGE_S:g} s; left after TTL {SLURM_TTL_S:g} s + 5 s)",
-            slurm_kills(args.slurm_kills),
-        )
-        print(load())
-    return 0
 
 
 if __name__ == "__main__":
