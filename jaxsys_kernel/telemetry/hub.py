@@ -354,27 +354,33 @@ class TelemetryHub:
             self.last_event_at[rank] = now
             self.first_event_at.setdefault(rank, now)
             self._remember(ev, size)
-            kind = ev["kind"]
-            if kind == schema.HEARTBEAT:
-                # Ages are measured on the kernel's clock: hosts' clocks may disagree.
-                self._beats[rank] = {**ev, "recv": now}
-            elif kind == schema.CACHE_DIR:
-                self._cache[rank].entries = ev["entries"]
-                self._cache[rank].bytes = ev["bytes"]
-            elif kind == schema.MONITORING or kind in schema.CACHE_KINDS:
-                # What a compile request became, per process: schema.CacheStats.apply.
-                self._cache[rank].apply(ev)
-            elif kind == schema.REFUSED:
-                self._refused(ev, now)
-            elif kind == schema.TRANSFERS:
-                self._transfers[rank] = ev["counts"]
-            elif kind == schema.STACKS:
-                seq = self._stacks.get(rank, (0, ""))[0] + 1
-                self._stacks[rank] = (seq, ev["text"])
+            # decode() let through only the kinds of schema.KIND_TABLE, which names the handler.
+            getattr(self, schema.KIND_TABLE[ev["kind"]].handler)(rank, ev, now)
             for sub in self._subscribers:
                 sub.dirty = True
 
-    def _refused(self, ev: dict, now: float) -> None:
+    # -- one handler per event kind (named in schema.KIND_TABLE), called under the lock --
+
+    def _on_heartbeat(self, rank: int, ev: dict, now: float) -> None:
+        # Ages are measured on the kernel's clock: hosts' clocks may disagree.
+        self._beats[rank] = {**ev, "recv": now}
+
+    def _on_cache_dir(self, rank: int, ev: dict, now: float) -> None:
+        self._cache[rank].entries = ev["entries"]
+        self._cache[rank].bytes = ev["bytes"]
+
+    def _on_cache_event(self, rank: int, ev: dict, now: float) -> None:
+        # What a compile request became, per process: schema.CacheStats.apply.
+        self._cache[rank].apply(ev)
+
+    def _on_transfers(self, rank: int, ev: dict, now: float) -> None:
+        self._transfers[rank] = ev["counts"]
+
+    def _on_stacks(self, rank: int, ev: dict, now: float) -> None:
+        seq = self._stacks.get(rank, (0, ""))[0] + 1
+        self._stacks[rank] = (seq, ev["text"])
+
+    def _on_refused(self, rank: int, ev: dict, now: float) -> None:
         peer, error = ev["peer"], ev["error"]
         host, _, port = peer.rpartition(":")
         if not host:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy as _copy
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ProtocolError
@@ -39,7 +40,6 @@ def transfer_counts_text(counts: dict[str, int]) -> str:
 
 
 TRANSFER_KINDS = ("host-to-device", "device-to-host", "device-to-device")
-KINDS = (HEARTBEAT, MONITORING, CACHE_DIR, STACKS, REFUSED, *CACHE_KINDS, TRANSFERS)
 
 # The largest event the kernel reads. A relayed stack dump (at most 256 Ki characters) is the
 # biggest an agent sends; anything larger is refused before it is parsed.
@@ -105,36 +105,70 @@ def _text(ev: dict, key: str, limit: int, default: str | None = None, tail: bool
     return value[-limit:] if tail else value[:limit]
 
 
-def _kind_fields(kind: str, ev: dict) -> dict:
-    """The kind's own fields, checked, with text cut to its bound."""
-    if kind == HEARTBEAT:
-        busy, devices = ev.get("busy", False), ev.get("devices", [])
-        if type(busy) is not bool:
-            raise Malformed("bad field", "busy is not true or false")
-        if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
-            raise Malformed("bad field", "devices is not a list of device ids")
-        return {"busy": busy, "devices": [_int({"d": d}, "d") for d in devices]}
-    if kind == CACHE_DIR:
-        return {"entries": _int(ev, "entries", 0), "bytes": _int(ev, "bytes", 0)}
-    if kind == MONITORING:
-        out = {"name": _text(ev, "name", MAX_TEXT)}
-        if "duration" in ev:
-            out["duration"] = _number(ev, "duration")
-        if ev.get("fun_name") is not None:
-            out["fun_name"] = _text(ev, "fun_name", 256)
-        return out
-    if kind == STACKS:
-        # The latest dump is at the end.
-        return {"text": _text(ev, "text", MAX_STACK_TEXT, "", tail=True)}
-    if kind in CACHE_KINDS:
-        return _cache_fields(kind, ev)
-    if kind == TRANSFERS:
-        counts = ev.get("counts", {})
-        if not isinstance(counts, dict) or not set(counts) <= set(TRANSFER_KINDS):
-            raise Malformed("bad field", "counts is not a map of transfer kinds to counts")
-        return {"counts": {k: _int(counts, k) for k in TRANSFER_KINDS if k in counts}}
-    # REFUSED
+def _heartbeat(ev: dict) -> dict:
+    busy, devices = ev.get("busy", False), ev.get("devices", [])
+    if type(busy) is not bool:
+        raise Malformed("bad field", "busy is not true or false")
+    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
+        raise Malformed("bad field", "devices is not a list of device ids")
+    return {"busy": busy, "devices": [_int({"d": d}, "d") for d in devices]}
+
+
+def _cache_dir(ev: dict) -> dict:
+    return {"entries": _int(ev, "entries", 0), "bytes": _int(ev, "bytes", 0)}
+
+
+def _monitoring(ev: dict) -> dict:
+    out = {"name": _text(ev, "name", MAX_TEXT)}
+    if "duration" in ev:
+        out["duration"] = _number(ev, "duration")
+    if ev.get("fun_name") is not None:
+        out["fun_name"] = _text(ev, "fun_name", 256)
+    return out
+
+
+def _stacks(ev: dict) -> dict:
+    # The latest dump is at the end.
+    return {"text": _text(ev, "text", MAX_STACK_TEXT, "", tail=True)}
+
+
+def _transfers(ev: dict) -> dict:
+    counts = ev.get("counts", {})
+    if not isinstance(counts, dict) or not set(counts) <= set(TRANSFER_KINDS):
+        raise Malformed("bad field", "counts is not a map of transfer kinds to counts")
+    return {"counts": {k: _int(counts, k) for k in TRANSFER_KINDS if k in counts}}
+
+
+def _refused(ev: dict) -> dict:
     return {"peer": _text(ev, "peer", 256), "error": _text(ev, "error", MAX_TEXT, "")}
+
+
+def _cache_event(kind: str) -> Callable[[dict], dict]:
+    return lambda ev: _cache_fields(kind, ev)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one event kind is read: its own fields, checked, with text cut to its bound
+    (``fields``), and the name of the :class:`~jaxsys_kernel.telemetry.hub.TelemetryHub`
+    method that takes it in (``handler``, called with the rank, the event and the time)."""
+
+    fields: Callable[[dict], dict]
+    handler: str
+
+
+#: Every event kind an agent may send: the one place a kind is declared. A new kind needs
+#: its entry here and its handler on the hub (tests/unit/test_single_declarations.py checks).
+KIND_TABLE: dict[str, Kind] = {
+    HEARTBEAT: Kind(_heartbeat, "_on_heartbeat"),
+    MONITORING: Kind(_monitoring, "_on_cache_event"),
+    CACHE_DIR: Kind(_cache_dir, "_on_cache_dir"),
+    STACKS: Kind(_stacks, "_on_stacks"),
+    REFUSED: Kind(_refused, "_on_refused"),
+    **{kind: Kind(_cache_event(kind), "_on_cache_event") for kind in CACHE_KINDS},
+    TRANSFERS: Kind(_transfers, "_on_transfers"),
+}
+KINDS = tuple(KIND_TABLE)
 
 
 # The fields of the cache events and their types; all are optional.
@@ -230,7 +264,7 @@ def decode(raw: bytes) -> dict:
         "inc": _int(ev, "inc", 0),
         "t": _number(ev, "t", 0.0),
     }
-    return {**head, **_kind_fields(kind, ev)}
+    return {**head, **KIND_TABLE[kind].fields(ev)}
 
 
 @dataclass

@@ -198,3 +198,41 @@ def test_the_start_magic_describes_no_option_outside_its_list_of_options():
     body = start.doc.partition("Examples\n--------")[0]
     named = [o for o in start.options() if o and o.startswith("--") and o in body]
     assert named == []
+
+
+# -- telemetry kinds -----------------------------------------------------------------------
+
+
+def test_each_telemetry_kind_is_declared_once_with_its_reader_and_handler():
+    import inspect
+
+    from jaxsys_kernel.telemetry import schema
+    from jaxsys_kernel.telemetry.hub import TelemetryHub
+
+    assert schema.KINDS == tuple(schema.KIND_TABLE)
+    for kind, declared in schema.KIND_TABLE.items():
+        handler = getattr(TelemetryHub, declared.handler, None)
+        assert callable(handler), f"{kind}: the hub has no {declared.handler}"
+        assert list(inspect.signature(handler).parameters) == ["self", "rank", "ev", "now"]
+    # No second dispatch: the hub compares no event kind with a kind's name.
+    names = {n for n, v in vars(schema).items() if isinstance(v, str) and v in schema.KIND_TABLE}
+    compared = [
+        f"hub.py:{node.lineno}"
+        for node in ast.walk(tree(PACKAGE / "telemetry" / "hub.py"))
+        if isinstance(node, ast.Compare)
+        and any(ast.unparse(c).removeprefix("schema.") in names for c in node.comparators)
+    ]
+    assert compared == []
+
+
+def test_a_kind_added_to_the_table_is_read_with_its_own_fields(monkeypatch):
+    import json
+
+    from jaxsys_kernel.telemetry import schema
+
+    table = {**schema.KIND_TABLE, "probe": schema.Kind(lambda ev: {"n": ev["n"]}, "_on_probe")}
+    monkeypatch.setattr(schema, "KIND_TABLE", table)
+    monkeypatch.setattr(schema, "KINDS", tuple(table))
+    raw = json.dumps(schema.event("probe", 0, 1, 1.0, n=3, extra="dropped")).encode()
+    ev = schema.decode(raw)
+    assert {k: ev[k] for k in ("kind", "n")} == {"kind": "probe", "n": 3} and "extra" not in ev
