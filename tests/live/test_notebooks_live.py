@@ -202,6 +202,8 @@ EXPECTED = {
     "09-divergence-and-timelines.ipynb": [
         # the exercise's check: every process uses process 0's batch size
         "[p0-3] exercise 1: correct, batch size 16",
+        # %jaxsys where names the process %jaxsys slow delayed, and where its time went
+        "jaxsys: p1 held the others up, in host (5 steps)",
     ],
     "07-transfer-guard.ipynb": [
         "[p0-1] exercise 1: correct",
