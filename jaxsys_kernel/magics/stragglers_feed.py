@@ -5,7 +5,7 @@ shows the summary.
 The records are read between cells, when the processes are free to answer: a cell that
 blocks the kernel holds the processes too, and its steps are shown as soon as it ends.
 Clock offsets are measured once and again only when older than :data:`OFFSETS_MAX_AGE` or
-for another world, so a cell pays one round trip to every process, not ten per process.
+for another world, so a cell costs two requests to each process, not twelve.
 Nothing here raises into the user's cell: a failed update says why in the view's note.
 """
 
