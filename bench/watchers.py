@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +47,8 @@ from _procs import reap
 from jupyter_client.manager import KernelManager
 
 JAXSYS = [sys.executable, "-m", "jaxsys_kernel.cli"]
+#: Seconds one trivial cell may take before the benchmark gives up (a stuck cluster).
+CELL_TIMEOUT = 60.0
 
 WATCH_LOOP = """\
 import os, time
@@ -63,7 +67,7 @@ def chunk(view, cells: int) -> float:
     took = []
     for _ in range(cells):
         t0 = time.perf_counter()
-        view.execute("pass", block=True)
+        view.execute("pass", block=False).get(timeout=CELL_TIMEOUT)
         took.append(time.perf_counter() - t0)
     return statistics.median(took)
 
@@ -83,6 +87,9 @@ def start_watchers(n: int, name: str, env: dict, loop: str) -> list:
         if reply["content"]["status"] != "ok":
             raise RuntimeError(f"%jaxsys watch failed: {reply['content']}")
         kc.execute(loop)
+        # The watcher's output is for its own front end: read here, it would cost this
+        # process (which times the owner's cells) the work of ten front ends.
+        kc.stop_channels()
         kernels.append((km, kc))
     return kernels
 
@@ -94,6 +101,8 @@ def main() -> int:
     p.add_argument("--cells", type=int, default=40)
     p.add_argument("--period", type=float, default=1.0)
     args = p.parse_args()
+    # SIGTERM (a `timeout` wrapper) ends the run through the same clean-up as an error.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     name = f"bench-{uuid.uuid4().hex[:8]}"
     state_dir = Path(tempfile.mkdtemp(prefix="jaxsys-watch-bench-"))
     env = dict(os.environ, JAXSYS_STATE_DIR=str(state_dir), JAXSYS_STANDBY="0")
@@ -111,12 +120,19 @@ def main() -> int:
         state = json.loads((state_dir / f"{name}.json").read_text())
         client = ipp.Client(state["connection_file"])
         view = client[:]
+        print(f"cluster {name!r} ready; timing the owner's cells", file=sys.stderr, flush=True)
         chunk(view, args.cells)  # warm up
         alone = chunk(view, args.cells)
         limit = 60 + args.pairs * args.cells * 2.0
         loop = WATCH_LOOP.format(limit=limit, stop=str(flag_stop), on=str(flag_on),
                                  period=args.period)  # fmt: skip
         kernels = start_watchers(args.watchers, name, env, loop)
+        print(f"{len(kernels)} watchers started", file=sys.stderr, flush=True)
+        procs = [psutil.Process(km.provisioner.process.pid) for km, _ in kernels]
+        rss = statistics.mean(p.memory_info().rss for p in procs) / 2**20
+        children = sum(len(p.children(recursive=True)) for p in procs)
+        print(f"a watcher: one kernel process, {rss:.0f} MiB resident (mean of {len(procs)}); "
+              f"processes they started: {children}")  # fmt: skip
         off, on = [], []
         for _ in range(args.pairs):
             flag_on.unlink(missing_ok=True)
@@ -148,6 +164,7 @@ def main() -> int:
                        capture_output=True, timeout=60)  # fmt: skip
         left = [c for c in psutil.Process().children(recursive=True)]
         reap(left, timeout=5)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
