@@ -109,6 +109,18 @@ def test_the_swapped_in_processes_report_to_telemetry(cluster):
     assert beats == dict.fromkeys(range(NPROCS), incarnation)
 
 
+def test_one_process_rejoins_the_swapped_in_world(cluster):
+    assert cluster.world.spare_world.last_swapped
+    old = cluster.processes[1].pid
+    cluster.restart_process_sync(1)
+    assert cluster.processes[1].pid != old
+    who = cluster.call(None, _whoami, timeout=60).values()
+    assert {r: (rank, count) for r, (_, rank, count) in who.items()} == {
+        r: (r, NPROCS) for r in range(NPROCS)
+    }
+    assert [p.state for p in cluster.processes] == ["ready"] * NPROCS
+
+
 def test_the_spare_world_is_made_again_with_new_processes(cluster):
     in_use = {p.pid for p in cluster.processes}
     new_spare = _wait_spare(cluster)
