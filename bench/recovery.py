@@ -147,7 +147,10 @@ def trial(cluster, args, kind: str, ref: str, tmp: str) -> dict:
         rank = 0
     sent: list[float] = []
     judged: list[float] = []
-    sender = threading.Thread(target=fault_at, args=(cluster, marks, at, rank, sig, sent))
+    # A daemon: an interrupted run does not wait out its bounded wait for the mark.
+    sender = threading.Thread(
+        target=fault_at, args=(cluster, marks, at, rank, sig, sent), daemon=True
+    )
     sender.start()
     t_start = time.monotonic()
     sink, _run = train_cell(cluster, args, ckpt, marks, judged)
