@@ -5,7 +5,7 @@ shows the summary.
 The records are read between cells, when the processes are free to answer: a cell that
 blocks the kernel holds the processes too, and its steps are shown as soon as it ends.
 Clock offsets are measured once and again only when older than :data:`OFFSETS_MAX_AGE` or
-for another world, so a cell costs two requests to each process, not twelve.
+for another world, so a cell costs two requests to each process, not seven.
 Nothing here raises into the user's cell: a failed update says why in the view's note.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from ..cells import timeline
+from ..cells.spmd import is_local_cell
 from ..cells.stragglers_summary import summarize
 from . import actions_where
 
@@ -23,9 +24,15 @@ OFFSETS_MAX_AGE = 60.0
 TIMEOUT = 5.0
 
 
-def _is_own_magic(raw: str) -> bool:
-    """Whether a cell is a ``%jaxsys`` line magic (it runs no steps on the processes)."""
-    return raw.lstrip().startswith("%jaxsys")
+def ran_everywhere(raw: str, spmd: bool) -> bool:
+    """Whether a cell ran on every process: a ``%%multihost`` cell without ``--procs``, or
+    in SPMD mode a cell that does not stay in the kernel. After any other cell the view is
+    left as it is: a kernel cell ran no steps, and after a cell on some processes the
+    others still hold the records of an older cell, which would be paired with its own."""
+    first = next((ln.strip() for ln in raw.splitlines() if ln.strip()), "")
+    if first.startswith("%%multihost"):
+        return "--procs" not in first
+    return spmd and not is_local_cell(raw)
 
 
 class StragglersFeed:
@@ -60,7 +67,7 @@ class StragglersFeed:
 
     def _after_cell(self, result) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", "") or ""
-        if self.view.recording and not _is_own_magic(raw):
+        if self.view.recording and ran_everywhere(raw, self.session.spmd):
             self.refresh()
 
     def offsets(self, cluster, ranks: list[int]) -> dict:
@@ -101,4 +108,4 @@ class StragglersFeed:
             self.view.update(note=f"not updated: {str(e)[:200]}")
 
 
-__all__ = ["OFFSETS_MAX_AGE", "TIMEOUT", "StragglersFeed"]
+__all__ = ["OFFSETS_MAX_AGE", "TIMEOUT", "StragglersFeed", "ran_everywhere"]

@@ -39,6 +39,9 @@ def test_the_dashboard_names_the_delayed_process_after_each_cell(tag):
         assert state["named"] == {"rank": 1, "category": "host"}, state
         assert state["steps"] == 5 and sorted(state["rows"]) == [0, 1], state
         assert state["note"].startswith("as of "), state
+        # A cell on one process leaves the other's records of the older cell: not shown.
+        k.ok("%%multihost --procs 0\nprint('one')")
+        assert view_state(k)["named"] == {"rank": 1, "category": "host"}
         k.ok("%jaxsys where off")
         assert view_state(k)["recording"] is False
         # A cell after recording stopped leaves the last summary as it was.

@@ -109,3 +109,14 @@ def test_the_dashboard_places_the_view_below_and_keeps_it_in_its_picture():
     # An existing view is placed as it is.
     view = StragglersView(info)
     assert StragglersDashboard(stragglers=view).stragglers is view
+
+
+def test_the_view_is_updated_only_after_cells_that_ran_on_every_process():
+    from jaxsys_kernel.magics.stragglers_feed import ran_everywhere
+
+    assert ran_everywhere("%%multihost --timeout 60\nstep(x)", spmd=False)
+    assert ran_everywhere("\n# a step\nstep(x)", spmd=True)
+    assert not ran_everywhere("%%multihost --procs 0\nstep(x)", spmd=False)
+    assert not ran_everywhere("print(1)", spmd=False)
+    assert not ran_everywhere("%jaxsys where", spmd=True)
+    assert not ran_everywhere("%%local\nprint(1)", spmd=True)
