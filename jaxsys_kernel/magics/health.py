@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._ranges import format_procs
+from ..cluster.bringup import controller_failure
 
 READY = "ready"
 STARTING = "starting"
@@ -98,6 +99,9 @@ def health(
         return Health(
             STOPPED, f"every process is dead ({said}); %jaxsys restart starts them again", True
         )
+    lost = controller_lost(cluster)
+    if lost:
+        return Health(DEGRADED, f"{said}; {lost}" if said else lost)
     if any(state in _UNWELL for state in unwell):
         return Health(DEGRADED, said)
     if unwell:
@@ -105,3 +109,19 @@ def health(
     if waiting:
         return Health(WAITING, f"{waiting}, which do not run the cell")
     return Health(READY)
+
+
+def controller_lost(cluster) -> str | None:
+    """What the death of the cluster's ipyparallel controller means and what to do, or
+    None while it runs. Its schedulers run on in their own processes, so cells still
+    work; but no process can register any more, so no restart can succeed."""
+    world = getattr(cluster, "world", None)
+    if getattr(world, "ipp", None) is None:
+        return None
+    why = controller_failure(world)
+    if why is None:
+        return None
+    return (
+        f"{why.split(';', 1)[0]}: cells still run, but no process can be restarted or "
+        "replaced; save what the processes hold, then %jaxsys stop and %jaxsys start"
+    )
