@@ -19,6 +19,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from .kinds import check_kind
 from .unstored import Unstored
 
 _STATIC = pathlib.Path(__file__).parent / "static"
@@ -130,12 +131,7 @@ class ArtifactView(Unstored, anywidget.AnyWidget):
 
     @traitlets.validate("info")
     def _valid_info(self, proposal: Any) -> dict:
-        info = proposal["value"]
-        if info and info.get("kind", "export") != "export":
-            raise traitlets.TraitError(
-                f"ArtifactView shows an 'export' summary, got kind={info.get('kind')!r}"
-            )
-        return info
+        return check_kind(proposal["value"], "export", "ArtifactView")
 
     def text(self) -> str:
         """The card as plain text."""

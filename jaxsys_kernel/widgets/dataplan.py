@@ -20,6 +20,7 @@ import traitlets
 
 from ..data.draw import plan_text
 from .fallback import png_bundle
+from .kinds import check_kind
 from .pictures import dataplan_picture
 from .unstored import Unstored
 
@@ -62,12 +63,7 @@ class DataPlanView(Unstored, anywidget.AnyWidget):
 
     @traitlets.validate("info")
     def _valid_info(self, proposal: Any) -> dict:
-        info = proposal["value"]
-        if info and info.get("kind") != "dataplan":
-            raise traitlets.TraitError(
-                f"DataPlanView shows a 'dataplan' summary, got kind={info.get('kind')!r}"
-            )
-        return info
+        return check_kind(proposal["value"], "dataplan", "DataPlanView", missing_ok=False)
 
     def text(self) -> str:
         """The plan as a table."""

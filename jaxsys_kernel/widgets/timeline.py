@@ -22,6 +22,7 @@ import anywidget
 import traitlets
 
 from .fallback import png_bundle
+from .kinds import check_kind
 from .pictures import stack, text_picture
 from .raster import CHAR_H, LINE_H, Canvas, fit, text_width
 from .unstored import Unstored
@@ -185,11 +186,7 @@ class TimelineView(Unstored, anywidget.AnyWidget):
 
     @traitlets.validate("info")
     def _valid_info(self, proposal: Any) -> dict:
-        info = proposal["value"]
-        if info and info.get("kind") != "timeline":
-            raise traitlets.TraitError(
-                f"TimelineView shows a 'timeline' summary, got kind={info.get('kind')!r}"
-            )
+        info = check_kind(proposal["value"], "timeline", "TimelineView", missing_ok=False)
         if info.get("processes"):
             # The page marks the same process as the pictures (one rule, decided here).
             info = {**info, "late": slowest(info)}

@@ -25,6 +25,7 @@ from . import fallback
 from .artifact import ArtifactView
 from .dataplan import DataPlanView
 from .esm import view_module
+from .kinds import check_kind as _check_kind
 from .rowsync import RowsMixin, cache_summary, change_log
 from .unstored import Unstored
 
@@ -43,14 +44,6 @@ def _plain(record: Any) -> dict:
     if isinstance(record, dict):
         return record
     raise TypeError(f"expected a dict or a schema record, got {type(record).__qualname__}")
-
-
-def _check_kind(info: dict, kind: str, view: str) -> dict:
-    if info and info.get("kind", kind) != kind:
-        raise traitlets.TraitError(
-            f"{view} shows a {kind!r} summary, got kind={info.get('kind')!r}"
-        )
-    return info
 
 
 class _View(Unstored, anywidget.AnyWidget):

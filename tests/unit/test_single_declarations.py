@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -236,3 +237,41 @@ def test_a_kind_added_to_the_table_is_read_with_its_own_fields(monkeypatch):
     raw = json.dumps(schema.event("probe", 0, 1, 1.0, n=3, extra="dropped")).encode()
     ev = schema.decode(raw)
     assert {k: ev[k] for k in ("kind", "n")} == {"kind": "probe", "n": 3} and "extra" not in ev
+
+
+# -- the views' shared front-end code and kind check ------------------------------------------
+
+
+def test_the_standalone_views_copy_shared_js_only_through_the_marked_regions():
+    from jaxsys_kernel.widgets import esm
+
+    copies = esm.copies()
+    assert set(copies) >= {"artifact.js", "dataplan.js"}
+    for name, names in copies.items():
+        found = esm.COPY.search((esm.STATIC / name).read_text()).group(0)
+        assert found == esm.copied_block(names), (
+            f"static/{name}'s copy of shared.js is stale: run "
+            "jaxsys_kernel.widgets.esm.write_copies()"
+        )
+    # Outside shared.js and those regions, no module declares what shared.js exports.
+    declared = re.compile(r"^(?:export )?(?:function|const) (\w+)\b", re.MULTILINE)
+    for path in esm.STATIC.glob("*.js"):
+        if path.name == "shared.js":
+            continue
+        own = esm.COPY.sub("", path.read_text())
+        assert not set(declared.findall(own)) & esm.shared_exports(), path.name
+
+
+def test_one_kind_check_for_every_view():
+    offenders = []
+    for path in (PACKAGE / "widgets").glob("*.py"):
+        if path.name == "kinds.py":
+            continue
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.Compare) and '.get("kind"' in ast.unparse(node).replace(
+                "'", '"'
+            ):
+                offenders.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.FunctionDef) and "kind" in node.name and "check" in node.name:
+                offenders.append(f"{path.name}:{node.lineno} {node.name}")
+    assert offenders == []

@@ -13,17 +13,22 @@
  * @property {(event: string, cb?: () => void) => void} off
  */
 
+// ---- from shared.js: h
+// (written by jaxsys_kernel.widgets.esm.write_copies(): edit shared.js, not here)
 /**
+ * Tiny DOM builder.
  * @param {string} tag
  * @param {Record<string, any>} [props]
  * @param {(Node | string | null | undefined | false)[]} [children]
  * @returns {HTMLElement}
  */
-function h(tag, props = {}, children = []) {
+export function h(tag, props = {}, children = []) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
     if (v === undefined || v === null) continue;
     if (k === "class") node.className = v;
+    else if (k === "style") Object.assign(node.style, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, String(v));
   }
   for (const c of children) {
@@ -32,6 +37,7 @@ function h(tag, props = {}, children = []) {
   }
   return node;
 }
+// ---- end of shared.js
 
 /** @param {number} n */
 export function formatSize(n) {

@@ -15,22 +15,13 @@
  * @property {(event: string, cb?: () => void) => void} off
  */
 
-// Same list as PALETTE in views.js and data/draw.py (a test keeps the three equal).
-const PALETTE = [
+// ---- from shared.js: PALETTE, processColour, h, formatBytes
+// (written by jaxsys_kernel.widgets.esm.write_copies(): edit shared.js, not here)
+// Readable with dark text on top; beyond ten processes colours are spread by the golden angle.
+export const PALETTE = [
   "#8ec5ea", "#f7b26b", "#93d193", "#f19a9a", "#c3a8e0",
   "#d2ad9f", "#f2b6dd", "#c4c4c4", "#dede87", "#8fdbe5",
 ];
-const STRATEGY_TEXT = {
-  process: "one reader per process",
-  device: "one reader per device",
-  all: "every process reads everything",
-};
-// Blocks drawn as labelled boxes up to this many; beyond, plain coloured cells.
-const MAX_LABELLED = 256;
-// Per-process rows listed; the rest are summed up.
-const MAX_ROWS = 32;
-const MINI_W = 120;
-const MINI_H = 36;
 
 /** @param {number} p */
 export function processColour(p) {
@@ -45,7 +36,7 @@ export function processColour(p) {
  * @param {(Node | string | null | undefined | false)[]} [children]
  * @returns {HTMLElement}
  */
-function h(tag, props = {}, children = []) {
+export function h(tag, props = {}, children = []) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
     if (v === undefined || v === null) continue;
@@ -60,6 +51,32 @@ function h(tag, props = {}, children = []) {
   }
   return node;
 }
+
+/** @param {number | null | undefined} n */
+export function formatBytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  let x = n;
+  while (x >= 1024 && i < units.length - 1) {
+    x /= 1024;
+    i++;
+  }
+  return `${i === 0 ? x : x.toFixed(1)} ${units[i]}`;
+}
+// ---- end of shared.js
+
+const STRATEGY_TEXT = {
+  process: "one reader per process",
+  device: "one reader per device",
+  all: "every process reads everything",
+};
+// Blocks drawn as labelled boxes up to this many; beyond, plain coloured cells.
+const MAX_LABELLED = 256;
+// Per-process rows listed; the rest are summed up.
+const MAX_ROWS = 32;
+const MINI_W = 120;
+const MINI_H = 36;
 
 /**
  * Sorted ids with runs collapsed: "p0-3", "d0,2048".
@@ -78,18 +95,6 @@ export function formatIds(values, prefix) {
     i = j + 1;
   }
   return prefix + parts.join(",");
-}
-
-/** @param {number} n */
-export function formatBytes(n) {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let x = n;
-  let i = 0;
-  while (x >= 1024 && i < units.length - 1) {
-    x /= 1024;
-    i++;
-  }
-  return i === 0 ? `${x} B` : `${x.toFixed(1)} ${units[i]}`;
 }
 
 /** @param {number[][]} index */
