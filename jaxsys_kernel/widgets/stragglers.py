@@ -18,8 +18,9 @@ import traitlets
 
 from . import fallback, pictures
 from .esm import view_module
+from .kinds import check_kind
 from .raster import CHAR_H, LINE_H, Canvas, text_width
-from .views import Dashboard, _check_kind, _View, _with_static
+from .views import Dashboard, _View, _with_static
 
 # Colours of the parts of a bar: the same as static/stragglers.js and %jaxsys where's SVG.
 COLOURS = {
@@ -140,7 +141,7 @@ class StragglersView(_View):
 
     @traitlets.validate("info")
     def _valid_info(self, proposal: Any) -> dict:
-        return _check_kind(proposal["value"], "stragglers", "StragglersView")
+        return check_kind(proposal["value"], "stragglers", "StragglersView")
 
     def static(self) -> dict[str, str]:
         """The view as a PNG picture and as text."""
