@@ -402,3 +402,9 @@ def status_line(cluster) -> str | None:
     """The spare world's line for ``%jaxsys status`` (None: the cluster has never started)."""
     spare_world = getattr(getattr(cluster, "world", None), "spare_world", None)
     return spare_world.line() if spare_world is not None else None
+
+
+def restart_note(cluster) -> str:
+    """What ``%jaxsys restart`` adds to its line when the spare world was swapped in."""
+    spare_world = getattr(getattr(cluster, "world", None), "spare_world", None)
+    return " (the spare world, swapped in)" if getattr(spare_world, "last_swapped", False) else ""

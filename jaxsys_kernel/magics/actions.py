@@ -188,6 +188,7 @@ def restart(session, args: argparse.Namespace) -> None:
         f"jaxsys: restarted all {session.cluster.nprocs} processes; "
         f"JAX world ready again in {result.took:.1f} s"
         + (f" ({taken} from the standby)" if taken else "")
+        + spare_world.restart_note(session.cluster)
         + ". "
         + " ".join(result.log)
     )

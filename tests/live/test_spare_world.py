@@ -222,7 +222,7 @@ def test_the_kernel_keeps_a_spare_world_and_shows_it():
             time.sleep(0.5)
         assert "spare world: ready, 2 processes joined" in status, status
         out = k.execute("%jaxsys restart", timeout=180)
-        assert out.status == "ok", out.stderr
+        assert out.status == "ok" and "(the spare world, swapped in)" in out.stdout, out.stdout
         out = k.execute(
             "%%multihost\nimport jax, jax.numpy as jnp\n"
             "from jax.experimental import multihost_utils as mu\n"
