@@ -174,40 +174,38 @@ class JaxSysMagics(Magics):
     def multihost(self, line: str = "", cell: str | None = None):
         """Run a cell on every JAX process (``%%multihost``), or switch SPMD mode (``%multihost on|off``).
 
-        Output is streamed while the cell runs. A line printed identically by all selected
-        processes appears once as ``[p0-3] line``; differing lines appear per process in
-        process order. Rich output (plots, HTML) comes from the first selected process
-        unless ``--all-displays``. If processes raise, the cell fails with one traceback per
-        distinct error and the processes that raised it. The stop button interrupts the
-        processes and names them. Starts a cluster with the defaults if none is running.
+        Output is streamed while the cell runs. A line printed identically by all selected processes
+        appears once as ``[p0-3] line``; differing lines appear per process in process order. Rich
+        output (plots, HTML) comes from the first selected process unless ``--all-displays``. If
+        processes raise, the cell fails with one traceback per distinct error and the processes that
+        raised it. The stop button interrupts the processes and names them. Starts a cluster with
+        the defaults if none is running.
 
-        Hangs are diagnosed, not endured: when the cell passes ``--timeout``, or when some
-        processes failed and the others are still running ``--grace`` seconds later (they
-        are most likely waiting for the failed one in a collective), the hang doctor prints
-        what every process did and the Python stack of each running one, then acts per
-        ``--on-hang``: ``interrupt`` (default), ``restart`` the JAX world, or ``report``
-        and keep waiting. After processes were interrupted inside JAX, cells are refused
-        until ``%jaxsys restart`` (``--force`` overrides), because on CPU the next
-        collective would hang.
+        Hangs are diagnosed, not endured: when the cell passes ``--timeout``, or when some processes
+        failed and the others are still running ``--grace`` seconds later (they are most likely
+        waiting for the failed one in a collective), the hang doctor prints what every process did
+        and the Python stack of each running one, then acts per ``--on-hang``: ``interrupt``
+        (default), ``restart`` the JAX world, or ``report`` and keep waiting. After processes were
+        interrupted inside JAX, cells are refused until ``%jaxsys restart`` (``--force`` overrides),
+        because on CPU the next collective would hang.
 
-        ``--retries N``: after a death or a hang, restart the world and run the cell again,
-        up to N times; the cell restores its own progress (see :mod:`.retries`).
+        ``--retries N``: after a death or a hang, restart the world and run the cell again, up to N
+        times; the cell restores its own progress (see :mod:`.retries`).
 
-        ``--thread-guard`` runs the cell under ``jax.thread_guard``: a multi-process JAX
-        operation (a collective, a cross-process transfer) issued from any thread but the
-        cell's fails on that process with an error naming both threads, because threads
-        can enqueue such operations in different orders on different processes.
+        ``--thread-guard`` runs the cell under ``jax.thread_guard``: a multi-process JAX operation
+        (a collective, a cross-process transfer) issued from any thread but the cell's fails on that
+        process with an error naming both threads, because threads can enqueue such operations in
+        different orders on different processes.
 
-        A script written for ``python`` runs unchanged with ``%run`` in the cell: on every
-        process it sees its own arguments in ``sys.argv`` and ``__name__ == "__main__"``, its
-        ``jax.distributed.initialize()`` is accepted when it agrees with the running world and
-        its ``shutdown()`` leaves the world running (each says so in one line), and an
-        exception it raises fails the cell with each process's traceback. The script must be
-        readable at the same path on every process's host. A script pasted into a cell sees
-        the ``sys.argv`` of ``python`` with no arguments.
+        ``%run script.py --flag v`` runs a script written for ``python`` unchanged on every process:
+        it sees its own ``sys.argv`` and ``__name__ == "__main__"``, an agreeing
+        ``jax.distributed.initialize()`` is accepted and ``shutdown()`` leaves the world running
+        (each says so in one line), and its exception fails the cell with each process's traceback.
+        The script must be at the same path on every host; a script pasted into a cell sees the
+        ``sys.argv`` of ``python`` alone.
 
-        With SPMD mode on, every cell runs on all processes; cells starting with ``%%local``
-        (or a jaxsys magic such as ``%jaxsys`` or ``%pull``) run in the kernel.
+        With SPMD mode on, every cell runs on all processes; cells starting with ``%%local`` (or a
+        jaxsys magic such as ``%jaxsys`` or ``%pull``) run in the kernel.
 
         Examples
         --------
@@ -231,6 +229,10 @@ class JaxSysMagics(Magics):
 
             %multihost on
         """
+        return self._multihost(line, cell)
+
+    def _multihost(self, line: str, cell: str | None):
+        """``%%multihost``'s work (the magic's body is its help): parse, then run or switch."""
         args = parse(self.multihost.parser, split(self._line(line, "%multihost")), "%%multihost")
         if cell is None:
             return self._switch_spmd(args.mode)

@@ -12,4 +12,4 @@ pytestmark = pytest.mark.unit
 def test_the_help_shows_run_with_an_example():
     doc = JaxSysMagics.multihost.__doc__
     assert "%%multihost\n    %run train.py --steps 3\n" in doc
-    assert "runs unchanged with ``%run``" in " ".join(doc.split())
+    assert "runs a script written for ``python`` unchanged" in " ".join(doc.split())
