@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .front_end import progress_as_stream
 from .records import ClusterError, ProgressEvent
 
 LOOP_START_TIMEOUT = 10.0
@@ -185,7 +186,9 @@ class _DisplayLine:
 def _progress_file() -> Any:
     # ipykernel's stream sends every write as an output; anything else (a terminal, a
     # script, `jaxsys cluster start`) gets tqdm's carriage returns.
-    if type(sys.stdout).__module__ != "ipykernel.iostream":
+    if type(sys.stdout).__module__ != "ipykernel.iostream" or progress_as_stream():
+        # A terminal front end (jupyter console) ignores display updates but draws a
+        # stream's carriage returns: there the bar is one line, as in a shell.
         return sys.stdout
     # Deferred: only a kernel (which has imported IPython already) shows progress this way.
     from IPython.display import display
