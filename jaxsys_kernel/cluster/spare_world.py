@@ -33,6 +33,7 @@ from ..engine.ports import hold_port
 from ..engine.registry import engine_module
 from ..errors import ConfigError
 from .launchers import EngineContext
+from .launchers.registry import describe, names_where
 from .records import ProcessInfo
 from .standby import MEMORY_RESERVE_BYTES, Spare, per_engine_bytes
 from .teardown import pid_alive, sub_launchers, unregister
@@ -62,9 +63,10 @@ def for_launcher(config, launcher) -> SpareWorld:
     """
     wanted = bool(getattr(config, "spare_world", False))
     if wanted and not (launcher.restarts_one_process and launcher.engine_pids_here):
+        able = describe(names_where(lambda k: k.restarts_one_process and k.engine_pids_here))
         raise ConfigError(
             f"the {launcher.name} launcher cannot keep a spare world (it needs processes "
-            "started one by one on this machine: the local launcher); leave --spare-world off"
+            f"started one by one on this machine: {able}); leave --spare-world off"
         )
     return SpareWorld(wanted)
 
@@ -149,7 +151,7 @@ class SpareWorld:
         try:
             self._hold = hold_port(host)
         except OSError:
-            # An address of another network namespace (see LocalLauncher.early_coordinator).
+            # An address of another network namespace (as for the launcher's own coordinator).
             self._hold = hold_port("127.0.0.1")
         return f"{host}:{self._hold.getsockname()[1]}"
 
