@@ -117,7 +117,7 @@ def start(session, args: argparse.Namespace) -> None:
 @argument(
     "--keep-allocation",
     action="store_true",
-    help="keep the cluster's Slurm job (saved for %%jaxsys attach, also after a kernel restart)",
+    help="keep what the processes ran on, a Slurm job or the hosts (saved for %%jaxsys attach)",
 )
 def stop(session, args: argparse.Namespace) -> None:
     """Kill every process of the cluster.
@@ -125,7 +125,9 @@ def stop(session, args: argparse.Namespace) -> None:
     Shutting down or restarting the kernel does the same. ``--keep-allocation`` keeps what
     the processes ran on when it outlives them (a Slurm job, not cancelled), saved with the
     cluster's options, so that ``%jaxsys attach`` starts engines in it again without
-    queueing, in this kernel or the next.
+    queueing, in this kernel or the next. A cluster on this machine or on named hosts keeps
+    those hosts and its options, on a lease that lapses a TTL after this kernel's end (its
+    processes stop all the same); see ``%jaxsys attach?``.
 
     Examples
     --------
