@@ -21,7 +21,7 @@ with as many cores; on 2 cores the numbers say more about the scheduler than the
 Usage
 -----
 ``python bench/stragglers.py [--hosts N] [--trials N] [--ms N] [--reps N] [--seed N]
-[--import-delay S] [--init-timeout S] [--starts N]``
+[--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]``
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def cost(cluster, reps: int) -> None:
     print(f"cost: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, ratio {a / b:.3f}")
 
 
-def gate(hosts: int, delay: float, init_timeout: float, starts: int) -> None:
+def gate(hosts: int, delay: float, init_timeout: float, starts: int, register_timeout=None) -> None:
     last = hosts - 1
     ok, took = 0, []
     for _ in range(starts):
@@ -125,6 +125,7 @@ def gate(hosts: int, delay: float, init_timeout: float, starts: int) -> None:
             process_env={last: {"JAXSYS_IMPORT_DELAY": f"{last}:{delay:g}"}},
             progress=lambda e: None,
             init_timeout=init_timeout,
+            register_timeout=register_timeout,
         )
         t0 = time.perf_counter()
         try:
@@ -152,6 +153,9 @@ def main() -> None:
     ap.add_argument("--import-delay", type=float, default=20.0)
     ap.add_argument("--init-timeout", type=float, default=5.0)
     ap.add_argument("--starts", type=int, default=2)
+    # The start's own deadline (registration and readiness): an import delay longer than
+    # the default (60 s + 0.5 s per process) needs a longer one; JAX's timeout stays short.
+    ap.add_argument("--register-timeout", type=float, default=None)
     opts = ap.parse_args()
     cluster = Cluster(hosts=opts.hosts, devices_per_host=1, progress=lambda e: None)
     cluster.start_sync()
@@ -164,7 +168,7 @@ def main() -> None:
     finally:
         cluster.kill()
     if opts.import_delay > 0:
-        gate(opts.hosts, opts.import_delay, opts.init_timeout, opts.starts)
+        gate(opts.hosts, opts.import_delay, opts.init_timeout, opts.starts, opts.register_timeout)
     print("load average: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
