@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,18 +58,42 @@ def lease_file(key: str) -> Path:
     return lease_dir() / f"lease-{key}"
 
 
+# Taken around every look at and write of a lease of kept hosts; reentrant in a thread.
+_LOCK = threading.RLock()
+_depth = 0
+
+
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    """One kernel at a time looks at, and takes, a lease of kept hosts: two attaching at
-    once must not both find them free."""
-    folder = lease_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """One process at a time looks at, takes or renews a lease of kept hosts: two kernels
+    attaching at once must not both find them free, and a renewal must not write over the
+    lease another kernel has just taken."""
+    global _depth
+    with _LOCK:
+        if _depth == 0:
+            folder = lease_dir()
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock = open(folder / ".lock", "a")  # noqa: SIM115 - held across the yield
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        _depth += 1
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            _depth -= 1
+            if _depth == 0:
+                lock.close()  # and with it the lock
+
+
+class _Lease(Lease):
+    """A lease whose renewals (from its thread too) hold :func:`_locked`."""
+
+    def renew(self) -> bool:
+        with _locked():
+            return super().renew()
+
+    def release(self) -> None:
+        with _locked():
+            super().release()
 
 
 @register
@@ -176,7 +201,7 @@ class KeptHosts(Allocation):
             # Kept hosts are free for whoever attaches: the earlier holder (the kernel
             # that kept them) stops renewing once it finds the lease taken.
             lease_file(key).unlink(missing_ok=True)
-            lease = Lease(lease_file(key), self.describe_job())
+            lease = _Lease(lease_file(key), self.describe_job())
             lease.acquire(owned=True, mode=mode)
             lease.keep_renewing()
             _HELD[key] = lease
