@@ -335,7 +335,8 @@ SLURM_START = (
     "%jaxsys start --launcher slurm --hosts 2 --devices-per-host 1 "
     "--sbatch-arg=--ntasks-per-node=1 --env JAX_PLATFORMS=cpu"
 )
-SLURM_TTL_S = 6.0
+# Longer than a kernel's restart on a busy machine (a kept job's lease must outlive it).
+SLURM_TTL_S = 15.0
 
 
 SLURM_MODES = ("running", "kept", "slurmctld down")
@@ -369,8 +370,9 @@ def slurm_kill(hosts, tag: str, state_dir: str, mode: str) -> tuple[float | None
             k.ok("%jaxsys stop --keep-allocation")
         if mode == "slurmctld down":
             hosts.stop_controller()
-        os.kill(k.pid, signal.SIGKILL)
     finally:
+        # Killed also when a step failed: what it leaves is counted all the same.
+        os.kill(k.pid, signal.SIGKILL)
         k.kc.stop_channels()
         k.km.cleanup_resources()
     if mode == "slurmctld down":
@@ -386,7 +388,7 @@ def slurm_kills(n: int) -> dict | str:
     reason = slurm.available()
     if reason:
         return f"skipped: no private Slurm here ({reason})"
-    jobs = procs = dirs = 0
+    jobs = procs = dirs = failed = 0
     attaches: list[float] = []
     with (
         tempfile.TemporaryDirectory(prefix="jaxsys-chaos-state-") as state_dir,
@@ -394,7 +396,13 @@ def slurm_kills(n: int) -> dict | str:
     ):
         for i in range(n):
             tag = new_tag()
-            attach, pids = slurm_kill(hosts, tag, state_dir, SLURM_MODES[i % len(SLURM_MODES)])
+            mode = SLURM_MODES[i % len(SLURM_MODES)]
+            try:
+                attach, pids = slurm_kill(hosts, tag, state_dir, mode)
+            except RuntimeError as e:  # counted, and what it left is counted too
+                failed += 1
+                attach, pids = None, []
+                print(f"  kill {i + 1} ({mode}): {e}", flush=True)
             killed = time.monotonic()
             if attach is not None:
                 attaches.append(attach)
@@ -408,6 +416,7 @@ def slurm_kills(n: int) -> dict | str:
                 os.kill(int(line.split()[0]), signal.SIGKILL)
     return {
         "kills": n,
+        "failed (start or attach)": failed,
         "jobs left": jobs,
         "processes left": procs,
         "directories left": dirs,
