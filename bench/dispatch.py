@@ -52,7 +52,7 @@ from jupyter_client.manager import start_new_kernel
 
 MULTIHOST_CELL = "%%multihost\nx = 1"
 PX_CELL = "%%px\nx = 1"
-# Streamed %%px output may run one engine's text into the next one's label.
+# Uncollated output may run one process's text into the next one's label.
 PID_LINE = re.compile(r"pid (\d+)")
 # With --broadcast, %%multihost is timed a second time with its cells sent as one message
 # through the controller's broadcast scheduler; the switch is flipped in untimed cells.
@@ -185,8 +185,10 @@ def measure(n: int, reps: int, warmup: int, broadcast: bool = False) -> dict:
                 f"%%px targets {info['targets']} are not the cluster's engines {info['engines']}"
             )
         # Both kinds must really run on every process, or the comparison is meaningless.
-        _, out = run_ok(kc, "%%px\nimport os\nprint('pid', os.getpid())")
-        px_pids = sorted(int(w) for w in PID_LINE.findall(out))
+        # Read back from the engines: streamed %%px output at 64 engines may lose lines.
+        run_ok(kc, "%%px\nimport os\n_bench_pid = os.getpid()")
+        _, out = run_ok(kc, "print(_json.dumps(_c.view.pull('_bench_pid', block=True)))")
+        px_pids = sorted(json.loads(out.strip().splitlines()[-1]))
         if px_pids != sorted(info["pids"]):
             raise BenchError(
                 f"%%px ran on pids {px_pids}, the cluster's are {sorted(info['pids'])}"
