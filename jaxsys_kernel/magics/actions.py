@@ -28,7 +28,7 @@ from .actions_help import Action
 from .actions_jobs import attach, job_line, keep_allocation, line_options, stop_note
 from .actions_logs import logs
 from .actions_profile import profile
-from .actions_watch import WATCHER_ACTIONS, show_cache, unwatch, watch
+from .actions_watch import WATCHER_ACTIONS, LiveStatus, show_cache, unwatch, watch
 from .actions_where import slow, where
 from .boundary import usage_errors
 from .explain import explain
@@ -454,8 +454,10 @@ def _watcher_view(session, name: str, rest: list[str]) -> bool:
     if name not in WATCHER_ACTIONS or rest:
         raise UsageError(watched.refusal(" ".join(["%jaxsys", name, *rest])))
     if name == "status":
-        print(watched.headline())
-        print(format_status(watched.rows()))
+        # Redrawn every few seconds while this kernel watches (a dashboard's page stays current).
+        LiveStatus(
+            session, lambda: f"{watched.headline()}\n{format_status(watched.rows())}"
+        ).start()
     else:
         show_cache(session)
     return True

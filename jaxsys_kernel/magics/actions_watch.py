@@ -10,15 +10,20 @@ refused with a message naming its owner and ``%jaxsys unwatch``.
 from __future__ import annotations
 
 import argparse
+import threading
+from collections.abc import Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
 
 from ..telemetry.memory import format_bytes
 from . import commands
 
 #: The ``%jaxsys`` actions a watcher may give: they read, and change nothing.
 WATCHER_ACTIONS = frozenset({"watch", "unwatch", "status", "cache", "help"})
+#: Seconds between two reads of a watched cluster by its live status.
+REFRESH_S = 2.0
 
 
 def refuse(session, what: str) -> None:
@@ -81,3 +86,59 @@ def show_cache(session) -> None:
         f"{format_bytes(summary.size)} (read from the disk; per-process hits go to the "
         "cluster's owner only)"
     )
+
+
+class LiveStatus:
+    """A watcher's ``%jaxsys status``: one display output, redrawn every ``period`` seconds
+    while the kernel watches the same cluster and this is its newest status.
+
+    It stops by itself at ``%jaxsys unwatch``, at a newer status, and once the owner is
+    gone (nothing changes after that). Each refresh reads the owner's files and ``/proc``.
+
+    Parameters
+    ----------
+    session : MultihostSession
+        The watching session (``session.watching`` set).
+    render : callable
+        Returns the status text.
+    period : float
+        Seconds between refreshes.
+    show : callable
+        ``IPython.display.display`` (a test passes its own).
+    """
+
+    def __init__(self, session, render: Callable[[], str], period: float = REFRESH_S, show=display):
+        self.session, self.render, self.period, self.show = session, render, period, show
+        self.watched = session.watching
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.text = ""
+        self.handle = None
+
+    def start(self) -> LiveStatus:
+        """Show the status now and keep it current from a thread; returns itself."""
+        old = getattr(self.session, "live_status", None)
+        if old is not None:
+            old.stopped.set()
+        self.session.live_status = self
+        self.text = self.render()
+        self.handle = self.show({"text/plain": self.text}, raw=True, display_id=True)
+        self.thread = threading.Thread(target=self._run, name="jaxsys-watch", daemon=True)
+        self.thread.start()
+        return self
+
+    def current(self) -> bool:
+        """Whether this view still shows what the session watches."""
+        return self.session.watching is self.watched and self.session.live_status is self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.period) and self.current():
+            try:
+                text = self.render()
+                if text != self.text:
+                    self.text = text
+                    self.handle.update({"text/plain": text}, raw=True)
+            except Exception:  # noqa: BLE001 - a view that cannot refresh keeps its last text
+                pass
+            if not self.watched.owner_alive():
+                return

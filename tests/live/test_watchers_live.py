@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -33,10 +34,30 @@ def owner_cell(connection_file: str) -> list:
     client = ipp.Client(connection_file)
     try:
         view = client[:]
-        view.execute(code, block=True)
-        return sorted(view.pull("answer", block=True))
+        # Results only, with a deadline: block=True would also wait for the cell's iopub
+        # output, which a client that has just connected may never see.
+        view.execute(code, block=False).get(timeout=120)
+        return sorted(view.pull("answer", block=False).get(timeout=60))
     finally:
         client.close()
+
+
+def shown(out) -> str:
+    """The text of the status a cell displayed (a watcher's status is a live display)."""
+    return "\n".join(d.get("text/plain", "") for d in out.displays)
+
+
+def redrawn_dead(kernel: Kernel, timeout: float = 30.0) -> bool:
+    """Whether the watcher's live status is redrawn showing dead processes within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = kernel.ok("import time; time.sleep(0.5)")
+        for m in out.messages:
+            if m["msg_type"] == "update_display_data":
+                text = m["content"]["data"].get("text/plain", "")
+                if process_states(text) == {0: "dead", 1: "dead"}:
+                    return True
+    return False
 
 
 def test_three_watchers_see_the_cluster_and_cannot_touch_it(tag, tmp_path):
@@ -56,7 +77,7 @@ def test_three_watchers_see_the_cluster_and_cannot_touch_it(tag, tmp_path):
         for k in kernels:
             out = k.ok(f"%jaxsys watch {NAME}")
             assert f"watching cluster {NAME!r} (read-only): 2 of 2 processes live" in out.stdout
-            status = k.ok("%jaxsys status").stdout
+            status = shown(k.ok("%jaxsys status"))
             assert process_states(status) == {0: "ready", 1: "ready"}, status
             for cell in (
                 "%%multihost\nprint('ran')",
@@ -83,7 +104,9 @@ def test_three_watchers_see_the_cluster_and_cannot_touch_it(tag, tmp_path):
 
         # Stopped where it runs, the cluster reads as dead to its watchers.
         assert jaxsys("cluster", "stop", "--name", NAME, env=env).returncode == 0
-        status = kernels[0].ok("%jaxsys status").stdout
+        # The status shown earlier is redrawn by itself: the next cell's messages carry it.
+        assert redrawn_dead(kernels[2]), "the live status was not redrawn"
+        status = shown(kernels[0].ok("%jaxsys status"))
         assert process_states(status) == {0: "dead", 1: "dead"}, status
         assert "owner" in status and "gone" in status
         out = kernels[1].ok("%jaxsys unwatch")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import pytest
 from IPython.core.error import UsageError
@@ -14,6 +15,7 @@ from jaxsys_kernel import contract
 from jaxsys_kernel.cluster.watch import Watched
 from jaxsys_kernel.errors import ConfigError
 from jaxsys_kernel.magics import actions, commands
+from jaxsys_kernel.magics.actions_watch import LiveStatus
 from jaxsys_kernel.magics.session import MultihostSession
 
 from ..harness import process_states
@@ -117,6 +119,7 @@ def test_status_and_cache_show_the_watched_cluster(published, capsys):
     assert process_states(out) == {0: "ready", 1: "dead"}
     actions.dispatch(session, "cache")
     assert "cache: " in capsys.readouterr().out
+    actions.dispatch(session, "unwatch")  # which ends the live status's thread
 
 
 @pytest.mark.parametrize(
@@ -153,3 +156,43 @@ def test_unwatch_ends_the_watch(published, capsys):
     assert session.watching is None
     with pytest.raises(UsageError, match="watches no cluster"):
         actions.dispatch(session, "unwatch")
+
+
+class Shown:
+    """A display handle that records its updates (what a front end would redraw)."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def __call__(self, bundle, raw, display_id):
+        self.texts.append(bundle["text/plain"])
+        return self
+
+    def update(self, bundle, raw):
+        self.texts.append(bundle["text/plain"])
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.01)
+
+
+def test_the_live_status_is_redrawn_until_unwatch(published, capsys):
+    session = _watching(capsys)
+    shown, texts = Shown(), iter(["a", "a", "b", "c", "d", "e", "f", "g", "h"])
+    view = LiveStatus(session, lambda: next(texts, "z"), period=0.01, show=shown).start()
+    wait_for(lambda: shown.texts[:3] == ["a", "b", "c"])  # an unchanged text is not sent
+    actions.dispatch(session, "unwatch")
+    view.thread.join(5)
+    assert not view.thread.is_alive()
+
+
+def test_a_newer_status_ends_the_older_one(published, capsys):
+    session = _watching(capsys)
+    first = LiveStatus(session, lambda: "1", period=0.01, show=Shown()).start()
+    LiveStatus(session, lambda: "2", period=0.01, show=Shown()).start()
+    first.thread.join(5)
+    assert not first.thread.is_alive()
+    session.watching = None
