@@ -16,6 +16,7 @@ from ..cluster.config import ClusterConfig
 from ..cluster.launchers import DEFAULT, launcher_class
 from ..cluster.options import kernelspec_layer
 from ..errors import ConfigError
+from .preempt import DEFAULT_GRACE_S, MODES
 from .prepare import job_id, job_setup
 from .program import from_notebook, render
 from .retry import check_retries, run_with_retries
@@ -39,6 +40,23 @@ def add_parser(sub) -> None:
         metavar="N",
         help="with --submit: run a failed job again, up to N times (the program resumes from "
         "its own checkpoint, kept in the job's folder)",
+    )
+    job.add_argument(
+        "--preemption",
+        choices=MODES,
+        default=MODES[0],
+        help="what SIGTERM to a process does: 'jax' (default), a preemption notice: every "
+        "process's multihost_utils.reached_preemption_sync_point(step) returns True at the "
+        "same step, where the program saves and returns (Slurm's --signal=TERM@N, scancel "
+        "--signal=TERM, or SIGTERM to any one process); 'kill', the process ends at once",
+    )
+    job.add_argument(
+        "--preemption-grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="S",
+        help="with --preemption jax: seconds every process has after a notice to reach the "
+        f"sync point, save and end, before it ends itself (default {DEFAULT_GRACE_S:g})",
     )
     ClusterConfig.add_arguments(
         job.add_argument_group("cluster options, over the notebook's own %jaxsys start line")
@@ -67,6 +85,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     try:
         check_retries(args.retries)
         setup = job_setup(prog, out)
+        setup.preemption, setup.preemption_grace = args.preemption, _grace(args)
     except ConfigError as e:
         print(f"jaxsys job: {e}", file=sys.stderr)
         return 2
@@ -100,6 +119,15 @@ def cmd_job(args: argparse.Namespace) -> int:
         lambda: run_job(prog, command, out, args.timeout, cancel), out, args.retries
     )
     return _report(result, out)
+
+
+def _grace(args: argparse.Namespace) -> float:
+    if not args.preemption_grace > 0:  # also NaN
+        raise ConfigError(
+            f"--preemption-grace must be a positive number of seconds, not "
+            f"{args.preemption_grace:g}"
+        )
+    return args.preemption_grace
 
 
 def _report(result, out: Path) -> int:

@@ -25,6 +25,7 @@ from ..cluster.config import DEFAULT_DEVICES_PER_HOST, DEFAULT_HOSTS, ClusterCon
 from ..cluster.launchers.registry import rank_variables, size_variables
 from ..cluster.options import merge_layers
 from ..errors import ConfigError
+from . import preempt
 
 # What the program prints (alone on a line) where a cell begins, where one failed, and
 # where a process stops because another one failed or died (its cell, then why).
@@ -107,6 +108,11 @@ class JobSetup:
         Seconds without heartbeats before JAX declares a process dead; None for JAX's own.
     cert_dir : str or None
         Where the processes' certificates are; None without mTLS (``--insecure``).
+    preemption : str
+        What SIGTERM does (:data:`~jaxsys_kernel.job.preempt.MODES`): ``"jax"``, a
+        preemption notice; ``"kill"``, the end of the process.
+    preemption_grace : float
+        Seconds a process has after a preemption notice, before it ends itself.
     """
 
     env: dict[str, str] = field(default_factory=dict)
@@ -114,6 +120,8 @@ class JobSetup:
     init_timeout: float = 60.0
     heartbeat: float | None = 10.0
     cert_dir: str | None = None
+    preemption: str = preempt.MODES[0]
+    preemption_grace: float = preempt.DEFAULT_GRACE_S
 
 
 class _LineParser(argparse.ArgumentParser):
@@ -272,6 +280,10 @@ PROCESS_ENV = {process_env!r}
 # and whether its %jaxsys start line has --thread-guard.
 SETTINGS = {settings!r}
 THREAD_GUARD = {thread_guard!r}
+# What SIGTERM does (jaxsys_kernel/job/preempt.py), and the seconds a process has after a
+# preemption notice.
+PREEMPTION = {preemption!r}
+PREEMPTION_GRACE_S = {preemption_grace!r}
 
 
 def _first(names):
@@ -306,10 +318,9 @@ if os.environ.get("JAXSYS_COORDINATOR"):
     )
 # Without a coordinator given, JAX finds it itself under Slurm and Open MPI.
 jax.distributed.initialize(**kwargs)
-# JAX catches SIGTERM (for preemption notices); a launcher stopping the job after another
-# process failed sends SIGTERM first, and only its SIGKILL, up to Slurm's KillWait later,
-# would end a process waiting in a collective. Leave at once instead.
-signal.signal(signal.SIGTERM, signal.SIG_DFL)
+if PREEMPTION == "kill":
+    # JAX catches SIGTERM (for preemption notices): end at once instead.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 RANK, SIZE = jax.process_index(), jax.process_count()
 # Before the first cell's mark, so in this process's output but not in the job's log.
 print(
@@ -348,6 +359,7 @@ WATCH_MS = 200
 # coordination service, and when it leaves at once the others only learn that it is gone.
 # Any other failing process leaves as soon as its status is in the store.
 FAIL_WAIT_S = 2.0
+{watch}
 
 
 def stop(index, why):
@@ -424,7 +436,7 @@ for index, procs, expect_error, source in CELLS:
         # Other processes may wait for this one in a collective: leave, so that the
         # launcher (srun --kill-on-bad-exit, mpiexec, jaxsys job) stops them too.
         os._exit(1)
-
+{unwatch}
 if jax.config.jax_enable_recoverability and SIZE > 1:
     # With recoverability JAX's shutdown waits for no process, and a process still shutting
     # down when process 0 (which serves the coordination service) has left ends with a
@@ -459,6 +471,8 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
             initialize="".join(f"    {k}={v!r},\n" for k, v in initialize.items()),
             settings=prog.settings,
             thread_guard=prog.thread_guard,
+            preemption=setup.preemption,
+            preemption_grace=setup.preemption_grace,
             path_variables=PATH_VARIABLES,
         ),
         _CELLS,
@@ -475,6 +489,8 @@ def render(prog: Program, notebook: str, setup: JobSetup | None = None) -> str:
             error_mark=ERROR_MARK,
             stop_mark=STOP_MARK,
             end_ms=int(setup.init_timeout * 1000),
+            unwatch=preempt.UNWATCH,
+            watch=preempt.watch_code(),
         )
     )
     return "".join(out)
