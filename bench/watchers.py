@@ -72,6 +72,20 @@ def chunk(view, cells: int) -> float:
     return statistics.median(took)
 
 
+def timed_cpu(procs: list, into: list, run):
+    """``run()``, adding the CPU seconds ``procs`` used meanwhile and the wall seconds to
+    ``into``; returns what ``run`` returned."""
+
+    def used() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+    before, t0 = used(), time.perf_counter()
+    result = run()
+    into[0] += used() - before
+    into[1] += time.perf_counter() - t0
+    return result
+
+
 def start_watchers(n: int, name: str, env: dict, loop: str) -> list:
     """N kernels, each watching ``name`` and left running the polling cell."""
     kernels = []
@@ -134,13 +148,14 @@ def main() -> int:
         print(f"a watcher: one kernel process, {rss:.0f} MiB resident (mean of {len(procs)}); "
               f"processes they started: {children}")  # fmt: skip
         off, on = [], []
+        cpu = {"off": [0.0, 0.0], "on": [0.0, 0.0]}  # watchers' CPU seconds, wall seconds
         for _ in range(args.pairs):
             flag_on.unlink(missing_ok=True)
             time.sleep(2 * args.period)  # every watcher has seen the flag go
-            off.append(chunk(view, args.cells))
+            off.append(timed_cpu(procs, cpu["off"], lambda: chunk(view, args.cells)))
             flag_on.touch()
             time.sleep(2 * args.period)
-            on.append(chunk(view, args.cells))
+            on.append(timed_cpu(procs, cpu["on"], lambda: chunk(view, args.cells)))
         flag_stop.touch()
         m_off, m_on = statistics.median(off), statistics.median(on)
         print(f"owner's trivial cell, median of {args.pairs} chunks of {args.cells} cells:")
@@ -152,6 +167,10 @@ def main() -> int:
         print(f"median of adjacent-chunk ratios: {statistics.median(pairs):.3f}")
         print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
         print(f"CPUs: {os.cpu_count()}")
+        for what, (used, wall) in cpu.items():
+            print(
+                f"the {args.watchers} watchers' CPU while {what}: {100 * used / wall:.1f} % of one core"
+            )
         return 0
     finally:
         flag_stop.touch()
