@@ -27,7 +27,11 @@ GLOO_CHATTER = (
 # (Slurm's step daemon): the process's own output ends there, as it does under the local
 # launcher, which says nothing.
 LAUNCHER_CHATTER = r"^slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED AT .*$"
-NOISE = re.compile(f"{GLOO_CHATTER}|{LAUNCHER_CHATTER}")
+# What JAX's preemption notifier logs (from C++) when a process gets SIGTERM: a launcher
+# stopping it after another one failed, or a notice the program's own output tells of.
+# Each process's pN.out keeps it.
+NOTIFIER_CHATTER = r"^W\d{4} [\d:.]+ +\d+ preemption_notifier\.cc:\d+\] SIGTERM caught at \S+$"
+NOISE = re.compile(f"{GLOO_CHATTER}|{LAUNCHER_CHATTER}|{NOTIFIER_CHATTER}")
 
 
 @dataclass

@@ -6,7 +6,8 @@ Two processes on two nodes train 8 steps, a checkpoint every 4. While a file ``h
 the job's folder, the processes wait after step 6, so the signal lands mid-run whatever the
 machine's load. Once the step-4 checkpoint is complete on disk, ``scancel --signal=TERM``
 sends SIGTERM to the job's step, as Slurm does to a job it preempts or whose time is nearly
-up (``sbatch --signal``): the processes end and the job with them. The same job submitted
+up (``sbatch --signal``); with ``jaxsys job --preemption kill`` the processes end at once and
+the job with them. The same job submitted
 again (without ``hold``) resumes from its latest complete checkpoint, not from step 0, and
 its final state has the fingerprint of the same notebook run undisturbed by the local
 launcher meanwhile.
@@ -62,7 +63,9 @@ def _notebook(path: Path) -> Path:
 
 
 def _job_argv(nb: Path, out: Path, *launcher: str) -> list[str]:
-    launcher = launcher or ("--launcher", "slurm", "--sbatch-arg=--nodes=2")
+    # SIGTERM ends the processes (by default it is JAX's preemption notice: see
+    # test_job_preemption_slurm.py).
+    launcher = launcher or ("--launcher", "slurm", "--sbatch-arg=--nodes=2", "--preemption=kill")
     job = [sys.executable, "-m", "jaxsys_kernel.cli", "job", str(nb), *launcher]
     return [*job, "--out", str(out), "--submit"]
 
