@@ -7,6 +7,12 @@ kill every process of the job (local process groups, processes on ssh hosts), an
 is left of the session after :data:`END_WAIT_S` gets SIGKILL. A scheduler's job, which
 outlives the command that submitted it, is then cancelled with the command given for it
 (``scancel``).
+
+Nothing here relies on SIGTERM's default action to end the job's processes: by default they
+take SIGTERM as JAX's preemption notice (see :mod:`~jaxsys_kernel.job.preempt`). The runners
+end them with SIGKILL, ``mpiexec`` and Slurm follow their SIGTERM with SIGKILL (Slurm after
+its ``KillWait``), the session gets SIGKILL here, and a notice ends every process after its
+grace.
 """
 
 from __future__ import annotations

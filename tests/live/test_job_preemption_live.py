@@ -15,11 +15,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+
+from jaxsys_kernel.job.owner import END_WAIT_S
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY, HOLD = 12, 4, 5
@@ -112,8 +117,8 @@ def _programs(out: Path) -> dict[int, int]:
             env = proc.joinpath("environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        for item in env:
-            if item.startswith(b"JAXSYS_PROCESS_ID="):
+        for item in env:  # the local launcher's rank variable, or Open MPI's
+            if item.startswith((b"JAXSYS_PROCESS_ID=", b"OMPI_COMM_WORLD_RANK=")):
                 found[int(item.split(b"=", 1)[1])] = int(proc.name)
     return found
 
@@ -207,3 +212,21 @@ def test_a_bad_grace_is_refused(tmp_path):
     nb = _notebook(tmp_path / "wait.ipynb", START, WAIT)
     rc, said = _end(_start(nb, tmp_path / "out", "--preemption-grace", "0"))
     assert rc == 2 and "--preemption-grace must be a positive number of seconds" in said, said
+
+
+def test_the_timeout_ends_an_mpiexec_jobs_ranks_that_take_sigterm_as_a_notice(tmp_path):
+    # mpiexec's ranks are in the session that jaxsys job's own teardown signals: SIGTERM is
+    # a notice to them, so the teardown must end them without it.
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec not found: apt-get install openmpi-bin")
+    nb = _notebook(tmp_path / "wait.ipynb", START, WAIT)
+    out = tmp_path / "out"
+    job = _start(nb, out, "--launcher", "mpi", "--timeout", "20")
+    _wait_for(lambda: all((out / f"held.{r}").exists() for r in (0, 1)), "process held", job)
+    assert sorted(_programs(out)) == [0, 1]
+    t0 = time.monotonic()
+    rc, said = _end(job)
+    assert rc == 124, said
+    assert time.monotonic() - t0 < 20 + END_WAIT_S, said
+    assert (out / "job.log").read_text().rstrip().endswith("ended: timeout after 20 s")
+    assert not _programs(out)
