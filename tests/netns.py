@@ -42,8 +42,13 @@ SUBNET_CHOICES = (77, 78, 79, 141, 142, 143, 205, 206)
 NETNS_ETC = Path("/etc/netns")
 
 # Serialises choosing a subnet and creating interfaces, so that two runs at the same time
-# on one machine (e.g. pytest-xdist workers) do not both take the same free subnet.
-_LOCK_PATH = Path(tempfile.gettempdir()) / "jaxsys-netns.lock"
+# on one machine (e.g. pytest-xdist workers) do not both take the same free subnet. A lock
+# every run shares must outlive each run, so it lives where machine-wide locks belong
+# (/run/lock, emptied at boot), not among the temporary files a run must leave clean.
+_LOCK_DIR = Path("/run/lock")
+_LOCK_PATH = (
+    _LOCK_DIR if os.access(_LOCK_DIR, os.W_OK) else Path(tempfile.gettempdir())
+) / "jaxsys-netns.lock"
 
 # Present while /etc/netns exists only because a run made it; whichever run finds it empty
 # at teardown removes both, so concurrent runs neither leave it behind nor delete a folder
