@@ -62,11 +62,12 @@ if PREEMPTION == "jax" and CLIENT is not None:
     PREEMPTION_WATCH.start()
 """
 # Python at the program's end: the watch stops before JAX shuts down (its wait is on the
-# coordination service's client).
+# coordination service's client). Each of its waits lasts WATCH_MS; the join is bounded all
+# the same, so that a client call that overstays cannot hold the program's end.
 UNWATCH = """
 PREEMPTION_ENDED.set()
 if PREEMPTION_WATCH.is_alive():
-    PREEMPTION_WATCH.join()
+    PREEMPTION_WATCH.join(timeout=10 * WATCH_MS / 1000)
 """
 
 
