@@ -26,6 +26,8 @@ import pytest
 
 from jaxsys_kernel.job.owner import END_WAIT_S
 
+from ..jobs import finish, printed_results
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY, HOLD = 12, 4, 5
 START = "%jaxsys start --hosts 2 --devices-per-host 1"
@@ -84,17 +86,7 @@ def _start(nb: Path, out: Path, *args: str) -> subprocess.Popen:
 
 
 def _end(job: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, err = job.communicate(timeout=DEADLINE)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    return job.returncode, out + err
-
-
-def _results(log: str) -> dict[int, dict]:
-    return {int(m[1]): json.loads(m[2]) for m in re.finditer(r"RESULT (\d+) (\{.*\})", log)}
+    return finish(job, DEADLINE)
 
 
 def _wait_for(ready, what: str, job: subprocess.Popen) -> None:
@@ -152,13 +144,13 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere_then_it_resumes(t
     finally:
         ref_rc, ref_said = _end(reference)
     assert ref_rc == 0, ref_said
-    want = _results((tmp_path / "reference" / "job.log").read_text())
+    want = printed_results((tmp_path / "reference" / "job.log").read_text())
     assert sorted(want) == [0, 1] and want[0]["step"] == STEPS, want
 
     assert rc == 0, said
     log = (out / "job.log").read_text()
     assert log.rstrip().endswith("ended: finished: 1 cells on 2 processes"), log
-    got = _results(log)
+    got = printed_results(log)
     assert sorted(got) == [0, 1], log
     saved = {r["step"] for r in got.values()}
     assert len(saved) == 1 and all(r["preempted"] for r in got.values()), got
@@ -177,7 +169,7 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere_then_it_resumes(t
     rc, said = _end(_start(nb, out))
     assert rc == 0, said
     log = (out / "job.log").read_text()
-    resumed = _results(log)
+    resumed = printed_results(log)
     assert sorted(resumed) == [0, 1], log
     for r in resumed.values():
         assert r["start"] == step and r["step"] == STEPS, resumed

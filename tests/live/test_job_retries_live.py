@@ -9,10 +9,11 @@ after step 6 of 8 (a file in the job's folder says it already did), with checkpo
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+from ..jobs import printed_results
 
 REPO = Path(__file__).resolve().parents[2]
 START = "%jaxsys start --hosts 2 --devices-per-host 1"
@@ -49,10 +50,6 @@ def _job(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _results(log: str) -> dict[int, dict]:
-    return {int(m[1]): json.loads(m[2]) for m in re.finditer(r"RESULT (\d+) (\{.*\})", log)}
-
-
 def test_a_failed_job_is_run_again_and_resumes_then_a_resubmission_resumes(tmp_path):
     nb = _notebook(tmp_path / "train.ipynb", START, TRAIN)
     out = tmp_path / "out"
@@ -65,7 +62,7 @@ def test_a_failed_job_is_run_again_and_resumes_then_a_resubmission_resumes(tmp_p
     ended = (out / "job.1.log").read_text().splitlines()[-1]
     assert ended.startswith("jaxsys job: ended: ") and "cell 1" in ended, ended
     assert "finished" not in ended, ended
-    first = _results((out / "job.log").read_text())
+    first = printed_results((out / "job.log").read_text())
     assert sorted(first) == [0, 1], (out / "job.log").read_text()
     assert first[0]["fingerprint"] == first[1]["fingerprint"]
     # Resumed from a checkpoint the first run finished (Orbax also keeps its first step).
@@ -74,7 +71,7 @@ def test_a_failed_job_is_run_again_and_resumes_then_a_resubmission_resumes(tmp_p
     # Submitted again (as after its scheduler ended it): it resumes at its last checkpoint.
     again = _job(str(nb), "--launcher", "local", "--out", str(out))
     assert again.returncode == 0, again.stdout + again.stderr
-    resumed = _results((out / "job.log").read_text())
+    resumed = printed_results((out / "job.log").read_text())
     assert all(v["start"] == 8 for v in resumed.values()), resumed
     assert resumed[0]["fingerprint"] == first[0]["fingerprint"]
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from .. import slurm
+from ..jobs import finish, printed_results
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY, HOLD = 8, 4, 6
@@ -78,17 +79,7 @@ def _start(nb: Path, out: Path, *launcher: str) -> subprocess.Popen:
 
 
 def _end(job: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, err = job.communicate(timeout=DEADLINE)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    return job.returncode, out + err
-
-
-def _results(log: str) -> dict[int, dict]:
-    return {int(m[1]): json.loads(m[2]) for m in re.finditer(r"RESULT (\d+) (\{.*\})", log)}
+    return finish(job, DEADLINE)
 
 
 def _wait_for(ready, what: str, hosts) -> None:
@@ -116,7 +107,7 @@ def test_a_job_preempted_by_slurm_resumes_when_submitted_again_and_ends_bitwise_
     finally:
         ref_rc, ref_said = _end(reference)
     assert ref_rc == 0, ref_said
-    want = _results((tmp_path / "reference" / "job.log").read_text())
+    want = printed_results((tmp_path / "reference" / "job.log").read_text())
     assert sorted(want) == [0, 1] and want[0]["start"] == 0, want
     assert rc != 0, said
     log = (out / "job.log").read_text()
@@ -129,7 +120,7 @@ def test_a_job_preempted_by_slurm_resumes_when_submitted_again_and_ends_bitwise_
     rc, said = _end(_start(nb, out))
     assert rc == 0, f"{said}\n{hosts.log_tail()}"
     log = (out / "job.log").read_text()
-    resumed = _results(log)
+    resumed = printed_results(log)
     assert sorted(resumed) == [0, 1], log
     for r in resumed.values():
         assert EVERY <= r["start"] <= done and r["step"] == STEPS, resumed  # resumed, not redone
