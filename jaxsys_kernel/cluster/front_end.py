@@ -14,7 +14,9 @@ whatever the parent.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 
 #: Overrides the guess: ``stream`` (carriage returns on stdout) or ``display``.
 PROGRESS_VARIABLE = "JAXSYS_PROGRESS"
@@ -56,5 +58,17 @@ def progress_as_stream(environ: dict[str, str] | None = None, parent: str | None
     chosen = env.get(PROGRESS_VARIABLE, "").strip().lower()
     if chosen in ("stream", "display"):
         return chosen == "stream"
+    if chosen:
+        _say_ignored(env[PROGRESS_VARIABLE])
     command = parent_command() if parent is None else parent
     return any(word in command for word in TERMINALS)
+
+
+@functools.cache
+def _say_ignored(value: str) -> None:
+    """Name a value of :data:`PROGRESS_VARIABLE` that means nothing, once per value."""
+    print(
+        f"jaxsys: {PROGRESS_VARIABLE}={value!r} is neither 'stream' nor 'display'; "
+        "progress is drawn as the front end suggests",
+        file=sys.stderr,
+    )

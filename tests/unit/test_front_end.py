@@ -25,6 +25,13 @@ def test_progress_is_a_stream_under_a_console_only(environ, parent, stream):
     assert progress_as_stream(environ, parent) is stream
 
 
+def test_a_value_that_means_nothing_is_named_once(capsys):
+    for _ in range(3):
+        assert progress_as_stream({"JAXSYS_PROGRESS": "bars"}, "") is False
+    said = capsys.readouterr().err
+    assert said.count("JAXSYS_PROGRESS='bars' is neither 'stream' nor 'display'") == 1, said
+
+
 def test_the_parent_command_is_read():
     # pytest's own parent: a shell or a runner; it is read, whatever it is.
     assert isinstance(parent_command(), str)
