@@ -16,6 +16,7 @@ import subprocess
 import pytest
 
 from .. import slurm
+from ..jobs import printed_results
 from .test_job_preemption_live import (
     EVERY,
     HOLD,
@@ -24,7 +25,6 @@ from .test_job_preemption_live import (
     TRAIN,
     _end,
     _notebook,
-    _results,
     _start,
     _steps,
     _wait_for,
@@ -58,11 +58,11 @@ def test_slurms_sigterm_saves_the_same_step_on_every_process_then_it_resumes(hos
     finally:
         ref_rc, ref_said = _end(reference)
     assert ref_rc == 0, ref_said
-    want = _results((tmp_path / "reference" / "job.log").read_text())
+    want = printed_results((tmp_path / "reference" / "job.log").read_text())
     assert sorted(want) == [0, 1] and want[0]["step"] == STEPS, want
 
     assert rc == 0, f"{said}\n{hosts.log_tail()}"
-    got = _results((out / "job.log").read_text())
+    got = printed_results((out / "job.log").read_text())
     assert sorted(got) == [0, 1] and all(r["preempted"] for r in got.values()), got
     (step,) = {r["step"] for r in got.values()}
     assert HOLD < step < STEPS and _steps(out / "ckpt")[-1] == step, got
@@ -72,7 +72,7 @@ def test_slurms_sigterm_saves_the_same_step_on_every_process_then_it_resumes(hos
     (out / "hold").unlink()
     rc, said = _end(_start(nb, out, *SLURM))
     assert rc == 0, f"{said}\n{hosts.log_tail()}"
-    resumed = _results((out / "job.log").read_text())
+    resumed = printed_results((out / "job.log").read_text())
     assert sorted(resumed) == [0, 1], said
     for r in resumed.values():
         assert r["start"] == step and r["step"] == STEPS, resumed
