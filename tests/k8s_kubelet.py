@@ -1,7 +1,7 @@
 """A hermetic Kubernetes for tests: the API of :mod:`tests.k8s_api`, the Job and JobSet
 controllers' part jaxsys relies on, and a "process kubelet" that runs each Pod as a process.
 
-Each pod is a process in its own mount and UTS namespaces (``unshare``), on loopback with an
+Each pod is a process in its own mount, UTS and PID namespaces (``unshare``), on loopback with an
 address of its own (``127.0.0.<n>``, the pod IP), where it finds what a container finds:
 
 - its hostname (``<job>-<index>``) and ``HOSTNAME``;
@@ -32,6 +32,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,10 @@ def unavailable() -> str | None:
     if os.geteuid() != 0:
         return "pods need root (mount and UTS namespaces)"
     probe = subprocess.run(
-        ["unshare", "--mount", "--uts", "true"], capture_output=True, timeout=10, check=False
+        ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "true"],
+        capture_output=True,
+        timeout=10,
+        check=False,
     )
     if probe.returncode:
         return f"unshare fails here: {probe.stderr.decode().strip()}"
@@ -130,6 +134,8 @@ class TestCluster:
         self.pods: dict[str, Pod] = {}
         self._next_ip = _FIRST_IP
         self._stop = threading.Event()
+        # When each finished Job with a TTL was first seen finished (namespace, name).
+        self._finished: dict[tuple[str, str], float] = {}
         self.api.subscribers.append(self._on_change)
         self._thread = threading.Thread(target=self._kubelet, name="k8s-kubelet", daemon=True)
         self._thread.start()
@@ -283,9 +289,13 @@ class TestCluster:
         host = obj["spec"].get("hostname", name)
         steps += [f"hostname {shlex.quote(host)}", 'exec "$@"']
         ctr = obj["spec"]["containers"][0]
+        tmp = d / "tmp"
+        tmp.mkdir()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(d),
+            # A container's /tmp is its own: a pod's temporary files go with the pod.
+            "TMPDIR": str(tmp),
             "LANG": "C.UTF-8",
             "HOSTNAME": host,
             "KUBERNETES_SERVICE_HOST": self.api.host,
@@ -296,7 +306,12 @@ class TestCluster:
         if index is not None:
             env["JOB_COMPLETION_INDEX"] = index
         env.update(_resolve_env(obj, ctr))
-        cmd = ["unshare", "--mount", "--uts", "--", "/bin/sh", "-c", "\n".join(steps), "pod"]
+        # A PID namespace of its own: when the pod's first process ends, everything it
+        # started ends with it, as in a container.
+        cmd = [
+            *("unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--"),
+            *("/bin/sh", "-c", "\n".join(steps), "pod"),
+        ]
         with open(pod.log, "wb") as log:
             pod.proc = subprocess.Popen(
                 [*cmd, *ctr["command"], *ctr.get("args", [])],
@@ -347,6 +362,8 @@ class TestCluster:
                 for obj in self.api.list("Pod"):
                     name = obj["metadata"]["name"]
                     if name not in self.pods and obj["status"]["phase"] == "Pending":
+                        if not self._secrets_exist(obj):
+                            continue  # a kubelet retries the mount until the Secret exists
                         try:
                             self._start(obj)
                         except (OSError, RuntimeError, KeyError) as e:
@@ -360,6 +377,27 @@ class TestCluster:
                         code = pod.proc.poll()
                         if code is not None:
                             self._exited(pod, code)
+                self._delete_expired_jobs()
+
+    def _secrets_exist(self, pod: dict[str, Any]) -> bool:
+        ns = pod["metadata"]["namespace"]
+        names = [v["secret"]["secretName"] for v in pod["spec"].get("volumes", []) if "secret" in v]
+        return all(self.api.get("Secret", ns, n) is not None for n in names)
+
+    def _delete_expired_jobs(self) -> None:
+        """The TTL-after-finished controller: a finished Job with ``ttlSecondsAfterFinished``
+        is deleted that long after it finished (what it owns with it)."""
+        now = time.monotonic()
+        for job in self.api.list("Job"):
+            ttl = job["spec"].get("ttlSecondsAfterFinished")
+            conditions = job.get("status", {}).get("conditions", [])
+            if ttl is None or not any(c["type"] in ("Complete", "Failed") for c in conditions):
+                continue
+            key = (job["metadata"]["namespace"], job["metadata"]["name"])
+            finished = self._finished.setdefault(key, now)
+            if now - finished >= ttl:
+                self._finished.pop(key)
+                self.api.delete("Job", *key)
 
     @staticmethod
     def _key(pod: Pod) -> tuple[str, str]:

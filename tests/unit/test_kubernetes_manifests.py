@@ -236,14 +236,15 @@ def test_schemas_catch_a_wrong_manifest():
         validate_jobset(js)
 
 
-def test_a_notebook_cluster_is_refused_before_anything_starts(tmp_path):
+def test_a_notebook_cluster_without_an_image_is_refused_before_anything_starts(tmp_path):
     from jaxsys_kernel.cluster.launchers import make_launcher
 
-    cfg = ClusterConfig(hosts=2, launcher="kubernetes", launcher_options={"image": "i"})
+    cfg = ClusterConfig(hosts=2, launcher="kubernetes")
     launcher = make_launcher(cfg)
-    with pytest.raises(ConfigError, match="jaxsys job --launcher kubernetes.*another launcher"):
+    with pytest.raises(ConfigError, match="needs an image"):
         launcher.make_ipp_cluster(tmp_path, True)
     assert list(tmp_path.iterdir()) == []
+    assert launcher.ipp is None
 
 
 def test_a_batch_job_checks_its_options_when_written(tmp_path):

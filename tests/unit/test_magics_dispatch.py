@@ -291,6 +291,8 @@ def test_the_action_table():
         "--image",
         "--namespace",
         "--pod-template",
+        "--kubeconfig",
+        "--ttl-after-finished",
         # Every other option ClusterConfig declares a flag for.
         "--register-timeout",
         "--addresses",

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import JaxsysError
-from .kubernetes import JOB_INDEX_LABEL, WORLD_LABEL, dump, world_manifests, world_name
+from . import kubernetes_api
+from .kubernetes_manifests import WORLD_LABEL, dump, world_manifests, world_name
 
 POLL_S = 0.5
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 _DONE = ("Succeeded", "Failed")
 
 
@@ -36,48 +36,6 @@ def _stop(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
 
-def _rank(pod, per_job: int) -> int:
-    labels = pod.metadata.labels or {}
-    return int(labels.get(JOB_INDEX_LABEL, 0)) * per_job + int(labels[INDEX_LABEL])
-
-
-def _create(api_client, manifests: list[dict[str, Any]]) -> None:
-    from kubernetes import client, utils  # Deferred: the kubernetes extra, only for a job
-
-    for m in manifests:
-        if m["kind"] == "JobSet":
-            group, version = m["apiVersion"].split("/")
-            ns = m["metadata"]["namespace"]
-            client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-                group, version, ns, "jobsets", m
-            )
-        else:
-            utils.create_from_dict(api_client, m)
-
-
-def _delete(api_client, manifests: list[dict[str, Any]]) -> None:
-    """Delete every object (its pods with it), those already gone too."""
-    from kubernetes import client  # Deferred: as in _create
-
-    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
-    custom = client.CustomObjectsApi(api_client)
-    for m in reversed(manifests):
-        name, ns, kind = m["metadata"]["name"], m["metadata"]["namespace"], m["kind"]
-        try:
-            if kind == "Job":
-                batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")
-            elif kind == "JobSet":
-                group, version = m["apiVersion"].split("/")
-                custom.delete_namespaced_custom_object(group, version, ns, "jobsets", name)
-            elif kind == "Service":
-                core.delete_namespaced_service(name, ns)
-            elif kind == "Secret":
-                core.delete_namespaced_secret(name, ns)
-        except client.exceptions.ApiException as e:
-            if e.status != 404:
-                print(f"jaxsys job: could not delete {kind} {name}: {e.reason}", file=sys.stderr)
-
-
 def _ended(job) -> bool:
     conditions = (job.status.conditions if job.status else None) or []
     return any(c.type in ("Failed", "Complete") and c.status == "True" for c in conditions)
@@ -85,7 +43,7 @@ def _ended(job) -> bool:
 
 def _wait_and_collect(api_client, name: str, ns: str, nprocs: int, per_job: int) -> int:
     """Wait until the world's pods have ended; write their logs; the job's exit code."""
-    from kubernetes import client  # Deferred: as in _create
+    from kubernetes import client  # Deferred: the kubernetes extra, only for a job
 
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
     selector = f"{WORLD_LABEL}={name}"
@@ -103,7 +61,7 @@ def _wait_and_collect(api_client, name: str, ns: str, nprocs: int, per_job: int)
     code = 0 if len(pods) >= nprocs else 1
     for pod in pods:
         log = core.read_namespaced_pod_log(pod.metadata.name, ns)
-        Path(f"p{_rank(pod, per_job)}.out").write_text(log)
+        Path(f"p{kubernetes_api.rank(pod, per_job)}.out").write_text(log)
         if pod.status.phase != "Succeeded":
             code = 1
     return code
@@ -111,8 +69,6 @@ def _wait_and_collect(api_client, name: str, ns: str, nprocs: int, per_job: int)
 
 def run(nprocs: int, options: dict[str, Any], program: str) -> int:
     """Make, run and delete the world; returns 0 when every process succeeded."""
-    from kubernetes import config  # Deferred: as in _create
-
     name = world_name(f"job-{secrets.token_hex(3)}")
     command = [options.get("python") or "python3", os.path.abspath(program)]
     manifests = world_manifests(name, nprocs, command, options)
@@ -123,16 +79,11 @@ def run(nprocs: int, options: dict[str, Any], program: str) -> int:
         if spec is not None:
             spec["template"]["spec"]["containers"][0]["workingDir"] = os.getcwd()
     Path("world.yaml").write_text(dump(manifests))
-    api_client = config.new_client_from_config() if _has_kubeconfig() else None
-    if api_client is None:
-        config.load_incluster_config()
-        from kubernetes import client  # Deferred: as in _create
-
-        api_client = client.ApiClient()
+    api_client = kubernetes_api.api_client(options.get("kubeconfig"))
     per_job = nprocs // int(options.get("replicas", 1))
     old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        _create(api_client, manifests)
+        kubernetes_api.create(api_client, manifests)
         return _wait_and_collect(
             api_client, name, manifests[0]["metadata"]["namespace"], nprocs, per_job
         )
@@ -142,11 +93,7 @@ def run(nprocs: int, options: dict[str, Any], program: str) -> int:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        _delete(api_client, manifests)
-
-
-def _has_kubeconfig() -> bool:
-    return bool(os.environ.get("KUBECONFIG")) or Path("~/.kube/config").expanduser().exists()
+        kubernetes_api.delete(api_client, manifests, "jaxsys job")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,146 @@
+"""The few Kubernetes API calls a world needs: make it, read its pods, delete it.
+
+Every function takes an API client of the ``kubernetes`` package (:func:`api_client`) and
+imports that package only when called: it is an extra, needed only where worlds run on
+Kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .kubernetes_manifests import JOB_INDEX_LABEL, WORLD_LABEL
+
+#: The label an Indexed Job puts on each pod: its completion index.
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# Seconds between looks at a world's pods while it is deleted.
+_GONE_POLL_S = 0.1
+
+
+def api_client(kubeconfig: str | None = None):
+    """A client of the cluster named by ``kubeconfig``, ``$KUBECONFIG`` or
+    ``~/.kube/config``; inside a pod without one, of the pod's own cluster."""
+    from kubernetes import client, config  # Deferred: the kubernetes extra
+
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path or Path("~/.kube/config").expanduser().exists():
+        return config.new_client_from_config(config_file=path)
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def create(api, manifests: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Create each object, in order, as ``kubectl create -f`` would; their uids."""
+    from kubernetes import client, utils  # Deferred: as in api_client
+
+    uids = []
+    for m in manifests:
+        if m["kind"] == "JobSet":
+            group, version = m["apiVersion"].split("/")
+            made = client.CustomObjectsApi(api).create_namespaced_custom_object(
+                group, version, m["metadata"]["namespace"], "jobsets", dict(m)
+            )
+            uids.append(made["metadata"]["uid"])
+        else:
+            [made] = utils.create_from_dict(api, dict(m))
+            uids.append(made.metadata.uid)
+    return uids
+
+
+def owned_by(manifest: Mapping[str, Any], uid: str) -> dict[str, Any]:
+    """An ownerReference to the object ``manifest`` made (its ``uid``): what it owns is
+    deleted with it by the cluster's garbage collector."""
+    return {
+        "apiVersion": manifest["apiVersion"],
+        "kind": manifest["kind"],
+        "name": manifest["metadata"]["name"],
+        "uid": uid,
+    }
+
+
+def delete(api, manifests: Sequence[Mapping[str, Any]], who: str = "jaxsys") -> None:
+    """Delete every object (a Job's pods with it, in the foreground); those already gone
+    are skipped, other failures are named on stderr and the rest still deleted."""
+    from kubernetes import client  # Deferred: as in api_client
+
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    for m in reversed(manifests):
+        name, ns, kind = m["metadata"]["name"], m["metadata"]["namespace"], m["kind"]
+        try:
+            if kind == "Job":
+                batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")
+            elif kind == "JobSet":
+                group, version = m["apiVersion"].split("/")
+                custom.delete_namespaced_custom_object(
+                    group, version, ns, "jobsets", name, propagation_policy="Foreground"
+                )
+            elif kind == "Service":
+                core.delete_namespaced_service(name, ns)
+            elif kind == "Secret":
+                core.delete_namespaced_secret(name, ns)
+        except client.exceptions.ApiException as e:
+            if e.status != 404:
+                print(f"{who}: could not delete {kind} {name}: {e.reason}", file=sys.stderr)
+        except OSError as e:  # the API server is unreachable: say so, go on
+            print(f"{who}: could not delete {kind} {name}: {e}", file=sys.stderr)
+
+
+def pods(api, namespace: str, world: str) -> list:
+    """The pods of one world (every Job of it)."""
+    from kubernetes import client  # Deferred: as in api_client
+
+    selector = f"{WORLD_LABEL}={world}"
+    return client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def wait_gone(api, namespace: str, world: str, timeout: float) -> bool:
+    """Wait (at most ``timeout`` seconds) until no pod of the world is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if not pods(api, namespace, world):
+                return True
+        except OSError:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_GONE_POLL_S)
+
+
+def rank(pod, per_job: int) -> int:
+    """The process a pod runs: ``job index * processes per Job + completion index``."""
+    labels = pod.metadata.labels or {}
+    return int(labels.get(JOB_INDEX_LABEL, 0)) * per_job + int(labels[INDEX_LABEL])
+
+
+def why_pending(pod) -> str | None:
+    """Why a pod does not run yet, as the cluster says it (``Unschedulable: 0/3 nodes ...``,
+    ``ErrImagePull``), or None when it gives no reason."""
+    status = pod.status
+    for c in (status.conditions if status else None) or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason:
+            return f"{c.reason}: {c.message}" if c.message else c.reason
+    for cs in (status.container_statuses if status else None) or []:
+        waiting = cs.state.waiting if cs.state else None
+        if waiting is not None and waiting.reason:
+            return f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
+    return None
+
+
+def why_ended(pod) -> str:
+    """How an ended pod ended: its phase, and its container's reason and exit code."""
+    status = pod.status
+    parts = [status.phase or "gone"]
+    if status.message:
+        parts.append(status.message)
+    for cs in status.container_statuses or []:
+        term = cs.state.terminated if cs.state else None
+        if term is not None:
+            parts.append(f"{term.reason or 'exited'}, exit code {term.exit_code}")
+    return "; ".join(parts)

@@ -1,0 +1,159 @@
+"""A Kubernetes cluster driven from a real jaxsys kernel: ``%jaxsys start --launcher
+kubernetes`` against the hermetic test cluster (tests/k8s_api.py, tests/k8s_kubelet.py).
+
+The kernel keeps its controller; each pod of the world's Indexed Job runs one engine, which
+finds the controller, its CurveZMQ keys and its mTLS certificate in the world's Secret (the
+pods share nothing else with the kernel). Process i is pod i; the hang doctor's stacks come
+back from the pods; a deleted pod is named as the cause of its process's death; a world
+restart makes a new Job; stop, and a killed kernel after the world's TTL, leave no pod, Job,
+Secret, Service or process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..certs import CERT_CELL, assert_one_certificate_per_process
+from ..harness import Kernel, status_table, tagged_processes
+from ..k8s_kubelet import TestCluster, unavailable
+
+pytestmark = [pytest.mark.live, pytest.mark.timeout(240)]
+
+START = (
+    "%jaxsys start --launcher kubernetes --hosts 2 --devices-per-host 2 --image unused "
+    "--controller-ip 127.0.0.1 --env JAX_PLATFORMS=cpu"
+)
+WHERE_CELL = (
+    "%%multihost\nimport socket, jax\n"
+    "print(jax.process_index(), 'on', socket.gethostname(), jax.device_count())"
+)
+KINDS = ("Pod", "Job", "Secret", "Service")
+# Seconds from a stop (or from the TTL's end) to nothing left.
+DRAIN_S = 20.0
+TTL_S = 3
+
+
+@pytest.fixture
+def k8s(monkeypatch):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    # The pods run "python3" from PATH: this interpreter's, as an image's would be its own.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cluster = TestCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not list(cluster.processes())
+    assert not cluster.dir.exists()
+
+
+def _kernel(k8s, tag) -> Kernel:
+    conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
+    return Kernel(tag, extra_env={"KUBECONFIG": str(conf)})
+
+
+def _start(k: Kernel, k8s, extra: str = "") -> str:
+    out = k.execute(f"{START} {extra}", timeout=180)
+    logs = {n: p.read_log()[-1500:] for n, p in k8s.pods.items()}
+    assert out.status == "ok", f"start failed: {out.error}\n{out.stderr}\n{logs}"
+    [job] = k8s.api.list("Job", "default")
+    return job["metadata"]["name"]
+
+
+def _objects(k8s) -> dict[str, list[str]]:
+    found = {kind: [o["metadata"]["name"] for o in k8s.api.list(kind)] for kind in KINDS}
+    return {kind: names for kind, names in found.items() if names}
+
+
+def _nothing_left(k8s, tag: str, kernel_pid: int | None, within: float) -> float:
+    """Seconds until no object of a world and no tagged process but the kernel is left."""
+    t0 = time.monotonic()
+
+    def left():
+        procs = [p.pid for p in tagged_processes(tag) if p.pid != kernel_pid]
+        return _objects(k8s), procs, list(k8s.processes())
+
+    while any(left()) and time.monotonic() - t0 < within:
+        time.sleep(0.1)
+    assert not any(left()), f"left behind: {left()}"
+    return time.monotonic() - t0
+
+
+def test_a_kubernetes_cluster_from_the_kernel(k8s, tag):
+    k = _kernel(k8s, tag)
+    try:
+        job = _start(k, k8s)
+        # Process i is pod i (the Job's completion index), with the devices asked for.
+        out = k.ok(WHERE_CELL)
+        assert out.stdout == "".join(f"[p{i}] {i} on {job}-{i} 4\n" for i in range(2))
+        status = k.ok("%jaxsys status").stdout
+        assert re.search(r"^security: .*mTLS", status, re.M), status
+        assert_one_certificate_per_process(k.ok("%%multihost" + CERT_CELL).stdout, 2)
+        # The engines' credentials came in the world's Secret, not in the pod spec.
+        [secret] = k8s.api.list("Secret", "default")
+        assert secret["metadata"]["ownerReferences"][0]["name"] == job
+        assert {"ipcontroller-engine.json", "process-1.key"} <= set(secret["data"])
+        spec = str(k8s.api.get("Job", "default", job)["spec"])
+        assert "BEGIN" not in spec and "curve" not in spec.lower()
+        # The hang doctor: stacks come back from the pods over telemetry.
+        out = k.execute("%%multihost --timeout 1.5\nimport time\ntime.sleep(30)", timeout=60)
+        assert out.status == "error" and out.error["ename"] == "MultihostTimeout", out.error
+        assert ">> " in out.stderr and "time.sleep(30)" in out.stderr, out.stderr
+        k.ok("%jaxsys stop")
+        assert _nothing_left(k8s, tag, k.pid, DRAIN_S) < DRAIN_S
+    finally:
+        k.shutdown()
+
+
+def test_a_deleted_pod_is_named_and_a_restart_makes_a_new_world(k8s, tag):
+    k = _kernel(k8s, tag)
+    try:
+        first = _start(k, k8s)
+        [pod1] = [
+            p for p in k8s.api.list("Pod", "default") if p["spec"]["hostname"] == f"{first}-1"
+        ]
+        k8s.api.delete("Pod", "default", pod1["metadata"]["name"])
+        deadline = time.monotonic() + 30
+        while True:
+            rows = status_table(status := k.ok("%jaxsys status").stdout)
+            if rows[1]["state"] == "dead" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert rows[1]["state"] == "dead", status
+        out = k.execute("%%multihost\nprint('hello')", timeout=60)
+        assert "pod" in out.stderr + str(out.error), (out.stderr, out.error)
+        k.ok("%jaxsys restart", timeout=180)
+        [job] = k8s.api.list("Job", "default")
+        second = job["metadata"]["name"]
+        assert second != first
+        out = k.ok(WHERE_CELL)
+        assert out.stdout == "".join(f"[p{i}] {i} on {second}-{i} 4\n" for i in range(2))
+        k.ok("%jaxsys stop")
+        _nothing_left(k8s, tag, k.pid, DRAIN_S)
+    finally:
+        k.shutdown()
+
+
+def test_a_killed_kernels_world_is_gone_after_its_ttl(k8s, tag):
+    k = _kernel(k8s, tag)
+    try:
+        _start(k, k8s, f"--ttl-after-finished {TTL_S}")
+        assert len(list(k8s.processes())) == 2
+        os.kill(k.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        # The engines miss the controller's heartbeats and end; the Job finishes; the TTL
+        # controller deletes it, and the garbage collector its Secret and Service.
+        took = _nothing_left(k8s, tag, None, TTL_S + DRAIN_S)
+        print(f"kernel SIGKILL to nothing left: {time.monotonic() - t0:.1f} s (TTL {TTL_S} s)")
+        assert took < TTL_S + DRAIN_S
+    finally:
+        k.shutdown()

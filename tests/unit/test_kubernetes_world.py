@@ -1,0 +1,87 @@
+"""What a notebook's world on Kubernetes hands its pods, checked without a cluster: the
+environment as pods see it, the Secret's files and the words for a pod that waits or
+ended. The engine command runs in tests/live/test_kubernetes_engine_command.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from jaxsys_kernel.cluster import security
+from jaxsys_kernel.cluster.launchers import kubernetes_api
+from jaxsys_kernel.cluster.launchers.kubernetes import CREDENTIALS_DIR
+from jaxsys_kernel.cluster.launchers.kubernetes_world import credential_files, pod_env
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def pki(tmp_path):
+    return security.make_pki(tmp_path, "c1", 2, None)
+
+
+def test_every_certificate_and_key_goes_into_the_secret(pki):
+    files = credential_files(pki)
+    assert {"process-0.pem", "process-0.key", "process-1.pem", "process-1.key"} <= set(files)
+    assert all(p.exists() for p in files.values())
+    assert len(files) == 5  # and the CA's certificate
+
+
+def test_pods_see_certificate_paths_in_the_secret_and_no_kernel_file(pki, tmp_path):
+    env = {
+        **pki.env_by_rank(),
+        "JAX_PLATFORMS": "cpu",
+        "JAXSYS_STACK_FILE": f"{tmp_path}/log/stacks-0.txt",
+        "JAX_COMPILATION_CACHE_DIR": "/shared/cache",
+    }
+    seen = pod_env(env, pki, tmp_path)
+    assert seen["JAX_MTLS_CA_FILE"] == f"{CREDENTIALS_DIR}/{Path(pki.ca_file).name}"
+    templates = [v for k, v in seen.items() if "TEMPLATE" in k]
+    assert templates and all(v.startswith(f"{CREDENTIALS_DIR}/process-") for v in templates)
+    assert "JAXSYS_STACK_FILE" not in seen
+    assert seen["JAX_PLATFORMS"] == "cpu"
+    assert seen["JAX_COMPILATION_CACHE_DIR"] == "/shared/cache"
+
+
+def _pod(phase, conditions=(), statuses=(), message=None):
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name="w-0", labels={}),
+        status=SimpleNamespace(
+            phase=phase,
+            message=message,
+            conditions=list(conditions),
+            container_statuses=list(statuses),
+        ),
+    )
+
+
+def test_a_waiting_pod_says_what_the_cluster_says():
+    unschedulable = SimpleNamespace(
+        type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
+        message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    )
+    assert kubernetes_api.why_pending(_pod("Pending", [unschedulable])) == (
+        "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    )
+    pulling = SimpleNamespace(
+        state=SimpleNamespace(
+            waiting=SimpleNamespace(reason="ImagePullBackOff", message=None), terminated=None
+        )
+    )
+    assert kubernetes_api.why_pending(_pod("Pending", statuses=[pulling])) == "ImagePullBackOff"
+    assert kubernetes_api.why_pending(_pod("Pending")) is None
+
+
+def test_an_ended_pod_gives_its_reason_and_exit_code():
+    killed = SimpleNamespace(
+        state=SimpleNamespace(
+            waiting=None, terminated=SimpleNamespace(reason="OOMKilled", exit_code=137)
+        )
+    )
+    assert kubernetes_api.why_ended(_pod("Failed", statuses=[killed])) == (
+        "Failed; OOMKilled, exit code 137"
+    )
