@@ -16,7 +16,10 @@ Launchers: ``local`` (this machine); ``ssh`` on three network-namespace hosts th
 an sshd (tests/netns.py, tests/sshd.py); ``mpi``: Open MPI with a hostfile naming those
 same hosts, its daemons started over ssh (needs ``mpiexec`` and ``mpi4py``); ``slurm`` on a
 private Slurm with one slurmd in each of three namespace hosts (tests/slurm.py; needs
-slurm-wlm and munge). Namespace hosts need root. A launcher that cannot run here is
+slurm-wlm and munge); ``kubernetes`` on the test cluster (tests/k8s_api.py,
+tests/k8s_kubelet.py: an API server on loopback and a kubelet running each pod as a
+process; needs unshare and the kubernetes package), where *stop* lasts until no pod, Job,
+Secret or Service and no pod process is left. Namespace hosts need root. A launcher that cannot run here is
 reported and skipped. The load average is printed before and after, and ratios are
 against ``local``.
 
@@ -151,7 +154,36 @@ def _kinds(stack: contextlib.ExitStack) -> list[Kind]:
             Kind("slurm", "slurm", lambda: bool(s.queue() or s.namespace_pids()),
                  launcher_options={"sbatch_args": ["--ntasks-per-node=1"]})
         )  # fmt: skip
+    from tests import k8s_kubelet
+
+    reason = k8s_kubelet.unavailable()
+    if reason:
+        print(f"kubernetes: skipped ({reason})")
+    else:
+        k8s = stack.enter_context(contextlib.closing(_TestCluster(k8s_kubelet)))
+        conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
+        # The pods run "python3" from PATH: this interpreter's, as an image's would be.
+        os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        kinds.append(
+            Kind("k8s", "kubernetes", k8s.left, controller_ip="127.0.0.1",
+                 launcher_options={"image": "unused", "kubeconfig": str(conf)})
+        )  # fmt: skip
     return kinds
+
+
+class _TestCluster:
+    """The test cluster, with what \"nothing left\" means on it."""
+
+    def __init__(self, k8s_kubelet):
+        self.cluster = k8s_kubelet.TestCluster()
+        self.api, self.dir = self.cluster.api, self.cluster.dir
+
+    def left(self) -> bool:
+        kinds = ("Pod", "Job", "Secret", "Service")
+        return any(self.api.list(k) for k in kinds) or any(self.cluster.processes())
+
+    def close(self) -> None:
+        self.cluster.stop()
 
 
 def main() -> int:
