@@ -27,7 +27,7 @@ from ..k8s_kubelet import TestCluster, unavailable
 pytestmark = [pytest.mark.live, pytest.mark.timeout(240)]
 
 START = (
-    "%jaxsys start --launcher kubernetes --hosts 2 --devices-per-host 2 --image unused "
+    "%jaxsys start --launcher kubernetes --devices-per-host 2 --image unused "
     "--controller-ip 127.0.0.1 --env JAX_PLATFORMS=cpu"
 )
 WHERE_CELL = (
@@ -61,8 +61,8 @@ def _kernel(k8s, tag) -> Kernel:
     return Kernel(tag, extra_env={"KUBECONFIG": str(conf)})
 
 
-def _start(k: Kernel, k8s, extra: str = "") -> str:
-    out = k.execute(f"{START} {extra}", timeout=180)
+def _start(k: Kernel, k8s, extra: str = "", pods: int = 2) -> str:
+    out = k.execute(f"{START} --hosts {pods} {extra}", timeout=180)
     logs = {n: p.read_log()[-1500:] for n, p in k8s.pods.items()}
     assert out.status == "ok", f"start failed: {out.error}\n{out.stderr}\n{logs}"
     [job] = k8s.api.list("Job", "default")
@@ -91,17 +91,17 @@ def _nothing_left(k8s, tag: str, kernel_pid: int | None, within: float) -> float
 def test_a_kubernetes_cluster_from_the_kernel(k8s, tag):
     k = _kernel(k8s, tag)
     try:
-        job = _start(k, k8s)
+        job = _start(k, k8s, pods=4)
         # Process i is pod i (the Job's completion index), with the devices asked for.
         out = k.ok(WHERE_CELL)
-        assert out.stdout == "".join(f"[p{i}] {i} on {job}-{i} 4\n" for i in range(2))
+        assert out.stdout == "".join(f"[p{i}] {i} on {job}-{i} 8\n" for i in range(4))
         status = k.ok("%jaxsys status").stdout
         assert re.search(r"^security: .*mTLS", status, re.M), status
-        assert_one_certificate_per_process(k.ok("%%multihost" + CERT_CELL).stdout, 2)
+        assert_one_certificate_per_process(k.ok("%%multihost" + CERT_CELL).stdout, 4)
         # The engines' credentials came in the world's Secret, not in the pod spec.
         [secret] = k8s.api.list("Secret", "default")
         assert secret["metadata"]["ownerReferences"][0]["name"] == job
-        assert {"ipcontroller-engine.json", "process-1.key"} <= set(secret["data"])
+        assert {"ipcontroller-engine.json", "process-3.key"} <= set(secret["data"])
         spec = str(k8s.api.get("Job", "default", job)["spec"])
         assert "BEGIN" not in spec and "curve" not in spec.lower()
         # The hang doctor: stacks come back from the pods over telemetry.
