@@ -177,6 +177,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _serve_cluster(args: argparse.Namespace) -> int:
     """Own a cluster in this process until SIGTERM or SIGINT, publishing its state."""
+    from .cells.owner_snapshot import OwnerSnapshot  # Only the server writes live numbers.
+    from .cluster.watch_snapshot import snapshot_path
+
     state_file = _state_file(args.name)
     state_file.parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(config=cluster_config(args))
@@ -187,8 +190,12 @@ def _serve_cluster(args: argparse.Namespace) -> int:
     state = {"name": args.name, "pid": os.getpid(), "started": start_time(os.getpid())}
     state["state"] = "starting"
     state_file.write_text(json.dumps(state))
+    live = None
     try:
         cluster.start_sync()
+        # Watchers read the owner's live numbers from this file (written before "ready").
+        live = OwnerSnapshot(cluster, snapshot_path(state_file.parent, args.name))
+        live.tick()
         state.update(
             state="ready",
             coordinator=cluster.coordinator_address,
@@ -198,13 +205,15 @@ def _serve_cluster(args: argparse.Namespace) -> int:
         )
         state_file.write_text(json.dumps(state))
         while not stop.wait(0.5):
-            pass
+            live.tick()
     except BaseException as e:  # noqa: BLE001 - record why, then re-raise
         state.update(state="failed", error=str(e))
         state_file.write_text(json.dumps(state))
         raise
     finally:
         cluster.kill()
+        if live is not None:
+            live.remove()
         if state.get("state") != "failed":
             state_file.unlink(missing_ok=True)
     return 0

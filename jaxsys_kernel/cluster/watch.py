@@ -4,9 +4,11 @@
 server's pid, each process's pid, host and devices, the connection file) and its options
 beside it. A watcher reads those two files and ``/proc``, and nothing else: it sends no
 message to the cluster, connects to none of its sockets, takes no lease and starts no
-process, so any number of watchers leave the owner's cells as fast as they were. What a
-watcher cannot see for the same reason: anything only the processes' telemetry carries
-(step times, stragglers, live cache hits) goes to the owner alone.
+process, so any number of watchers leave the owner's cells as fast as they were. What
+only the processes' telemetry carries (live cache hits and misses) and the step records
+only the owner may ask for (step times, stragglers) reach a watcher through the small
+snapshot the owner writes every few seconds (:mod:`.watch_snapshot`), read as untrusted
+input like the state file.
 
 This module imports only the standard library and jaxsys's own small helpers.
 """
@@ -23,6 +25,8 @@ from ..errors import ConfigError
 from ..telemetry.memory import local_rss
 from .allocation import check_name, state_dir
 from .teardown import pid_alive
+from .watch_snapshot import Live, describe, snapshot_path
+from .watch_snapshot import read as read_snapshot
 
 #: At most this many files of a cache directory are looked at (a huge cache must not
 #: make a watcher's status slow); the count then says "at least".
@@ -136,6 +140,15 @@ class Watched:
             f"watching cluster {self.name!r} (read-only): {live} of {len(rows)} processes "
             f"live; owner {self.owner()} {owner}"
         )
+
+    def live(self) -> Live | None:
+        """The owner's live numbers (cache hits, steps), checked; None when it writes none."""
+        return read_snapshot(snapshot_path(self.directory, self.name))
+
+    def live_lines(self) -> list[str]:
+        """The owner's live numbers in words: cache hits and misses per process, the last
+        steps and the straggler named, and whether the numbers are stale."""
+        return describe(self.live(), self.owner_alive())
 
     def cache(self) -> CacheSummary | None:
         """The compilation cache directory the owner's options name, and what it holds

@@ -455,8 +455,12 @@ def _watcher_view(session, name: str, rest: list[str]) -> bool:
         raise UsageError(watched.refusal(" ".join(["%jaxsys", name, *rest])))
     if name == "status":
         # Redrawn every few seconds while this kernel watches (a dashboard's page stays current).
+        # The processes as /proc shows them, then the owner's live numbers (cache, steps).
         LiveStatus(
-            session, lambda: f"{watched.headline()}\n{format_status(watched.rows())}"
+            session,
+            lambda: "\n".join(
+                [watched.headline(), format_status(watched.rows()), *watched.live_lines()]
+            ),
         ).start()
     else:
         show_cache(session)

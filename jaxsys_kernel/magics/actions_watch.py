@@ -40,10 +40,12 @@ def watch(session, args: argparse.Namespace) -> None:
 
     ``NAME`` is the name ``jaxsys cluster start --name NAME`` gave it. The watcher reads
     the files the owner publishes and ``/proc``: ``%jaxsys status`` lists the cluster's
-    processes, each one's devices, state and memory as they are now; ``%jaxsys cache``
-    shows its compilation cache directory. It sends the cluster nothing, takes no lease
-    and starts no process, so any number of watchers leave the owner's cells as fast as
-    they were; step times and stragglers, which only the owner receives, are not shown.
+    processes, each one's devices, state and memory as they are now, and the live numbers
+    the owner writes every 2 s: compilation-cache hits and misses per process, the steps of
+    its latest cell and the straggler named (said stale when the owner stops writing them);
+    ``%jaxsys cache`` shows its compilation cache directory and the live hits. It sends
+    the cluster nothing, takes no lease and starts no process, so any number of watchers
+    leave the owner's cells as fast as they were.
     A watcher cannot run cells on the processes, stop or restart them: ``%%multihost``
     and those commands are refused, naming the owner. ``%jaxsys unwatch`` ends it.
 
@@ -75,17 +77,21 @@ def unwatch(session, args: argparse.Namespace) -> None:
 
 
 def show_cache(session) -> None:
-    """``%jaxsys cache`` of a watcher: the watched cluster's cache directory, from disk."""
-    summary = session.watching.cache()
+    """``%jaxsys cache`` of a watcher: the watched cluster's cache directory, from disk,
+    and the hits and misses the owner last published."""
+    watched = session.watching
+    summary = watched.cache()
     if summary is None:
-        print(f"cache: none (cluster {session.watching.name!r} runs without a persistent cache)")
-        return
-    at_least = "" if summary.complete else "at least "
-    print(
-        f"cache: {summary.path}: {at_least}{summary.entries} files, "
-        f"{format_bytes(summary.size)} (read from the disk; per-process hits go to the "
-        "cluster's owner only)"
-    )
+        print(f"cache: none (cluster {watched.name!r} runs without a persistent cache)")
+    else:
+        at_least = "" if summary.complete else "at least "
+        print(
+            f"cache: {summary.path}: {at_least}{summary.entries} files, "
+            f"{format_bytes(summary.size)} (read from the disk)"
+        )
+    for line in watched.live_lines():
+        if not line.startswith("steps"):
+            print(line)
 
 
 class LiveStatus:
@@ -93,7 +99,8 @@ class LiveStatus:
     while the kernel watches the same cluster and this is its newest status.
 
     It stops by itself at ``%jaxsys unwatch``, at a newer status, and once the owner is
-    gone (nothing changes after that). Each refresh reads the owner's files and ``/proc``.
+    gone (nothing changes after that). Each refresh reads the owner's files (its state and
+    its live numbers) and ``/proc``.
 
     Parameters
     ----------
