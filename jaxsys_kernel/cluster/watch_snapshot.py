@@ -220,7 +220,7 @@ def step_lines(summary: dict | None, note: str) -> list[str]:
     named = summary["named"]
     who = f"p{named['rank']} ({named['category']})" if named else "none"
     lines = [
-        f"steps (owner's latest cell): {summary['steps_total']} steps, "
+        f"steps (the owner's latest recorded): {summary['steps_total']} steps, "
         f"{_ms(summary['step_time'])} each on average; straggler: {who}"
         + (f"; {note}" if note else "")
     ]
