@@ -7,9 +7,13 @@ would stay at its first frame. It prints stream text as it comes, so there a car
 return redraws the line, as in any terminal.
 
 The protocol does not say which front end asks. The kernel that ``jupyter console`` starts
-is its child, so the parent's command line tells; a console attached to a running kernel
-(``--existing``) is not seen, and ``JAXSYS_PROGRESS`` (``stream`` or ``display``) decides
-whatever the parent.
+is its child, so the parent's command line tells. A console attached to a running kernel
+(``jupyter console --existing``) is no parent: it is found as the process at the other end
+of a TCP connection to the kernel's shell port (``/proc/net/tcp`` names the connection's
+socket, a process's ``/proc/PID/fd`` the socket's owner; both bounded). When a console and
+a notebook share a kernel, the console's carriage returns win: a notebook draws them too,
+a console never draws a display's updates. ``JAXSYS_PROGRESS`` (``stream`` or ``display``)
+decides whatever the front ends.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ PROGRESS_VARIABLE = "JAXSYS_PROGRESS"
 TERMINALS = ("jupyter-console", "jupyter_console")
 #: A command line longer than this is read only this far (it is only searched).
 MAX_CMDLINE = 4096
+#: Processes looked at for the owner of a connection to the kernel (a bounded scan).
+MAX_PROCESSES = 4096
+#: Lines of ``/proc/net/tcp`` read (each a connection of this network namespace).
+MAX_CONNECTIONS = 20_000
+#: The socket state of an established TCP connection in ``/proc/net/tcp``.
+ESTABLISHED = "01"
 
 
 def parent_command() -> str:
@@ -45,7 +55,8 @@ def progress_as_stream(environ: dict[str, str] | None = None, parent: str | None
     environ : dict, optional
         The environment (default: this process's).
     parent : str, optional
-        The parent's command line (default: read from ``/proc``).
+        The parent's command line (default: read from ``/proc``, and then the processes
+        connected to the kernel are looked at too).
 
     Examples
     --------
@@ -61,7 +72,84 @@ def progress_as_stream(environ: dict[str, str] | None = None, parent: str | None
     if chosen:
         _say_ignored(env[PROGRESS_VARIABLE])
     command = parent_command() if parent is None else parent
-    return any(word in command for word in TERMINALS)
+    if any(word in command for word in TERMINALS):
+        return True
+    return parent is None and any(
+        any(word in command_of(pid) for word in TERMINALS) for pid in attached_processes()
+    )
+
+
+def command_of(pid: int) -> str:
+    """The command line of process ``pid``, or '' when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(MAX_CMDLINE)
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def kernel_ports() -> set[int]:
+    """The shell port of this kernel when it listens on TCP (empty outside a kernel)."""
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+    except ImportError:
+        return set()
+    if not IPKernelApp.initialized():
+        return set()
+    app = IPKernelApp.instance()
+    return {app.shell_port} if app.transport == "tcp" and app.shell_port else set()
+
+
+def client_sockets(ports: set[int], tables=("/proc/net/tcp", "/proc/net/tcp6")) -> set[str]:
+    """The socket inodes of established connections to one of ``ports`` from their
+    client's side (its local port is not one of them)."""
+    inodes = set()
+    for table in tables:
+        try:
+            with open(table) as f:
+                lines = [line for _, line in zip(range(MAX_CONNECTIONS + 1), f, strict=False)]
+        except OSError:
+            continue
+        for line in lines[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != ESTABLISHED:
+                continue
+            local, remote = (int(a.rpartition(":")[2], 16) for a in fields[1:3])
+            if remote in ports and local not in ports:
+                inodes.add(fields[9])
+    return inodes
+
+
+def attached_processes(ports: set[int] | None = None) -> list[int]:
+    """The processes connected to this kernel's shell port (a console with ``--existing``,
+    a notebook server...), found through their sockets; empty outside a kernel."""
+    ports = kernel_ports() if ports is None else ports
+    inodes = client_sockets(ports) if ports else set()
+    if not inodes:
+        return []
+    return _owners(frozenset(f"socket:[{i}]" for i in inodes))
+
+
+@functools.lru_cache(maxsize=8)
+def _owners(links: frozenset[str]) -> list[int]:
+    """The processes holding one of the sockets ``links`` (cached: connections outlive
+    many progress bars)."""
+    found = []
+    pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    for pid in pids[:MAX_PROCESSES]:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in links:
+                    found.append(int(pid))
+                    break
+            except OSError:
+                continue
+    return found
 
 
 @functools.cache
