@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from .. import _compat
 from ..engine import hooks as engine_hooks
-from ..errors import CellError
+from ..errors import CellError, ClusterError
 from .divergence import DivergenceCheck, DivergenceWatch
 from .inbox import Events, Inbox
 from .result import CellRun, MultihostInterrupt, interrupt_summary
@@ -32,6 +32,11 @@ from .sink import Sink
 POLL = 0.5
 # The most events taken off the queue before the machine looks at its timers again.
 BATCH = 256
+# Seconds between looks for processes of a running cell that died (a pid gone, a pod
+# ended): the hub would say so only after its missed heartbeats, and a process waiting in
+# a collective for the dead one never fails on its own, so without this a death would be
+# known only seconds later.
+PROBE_S = 0.25
 # Whether a cell goes out as one message through the controller's broadcast scheduler
 # (True), or as one request per process through its direct queue (False). Both carry every
 # part of the cell path; on a small machine the direct queue is the quicker (the broadcast
@@ -104,6 +109,9 @@ class Driver:
         Called with the ranks about to be interrupted, just before they are signalled.
     watch : DivergenceWatch, optional
         Takes the divergence records off the queue before the machine sees them.
+    probe : callable, optional
+        ``probe(ranks) -> {rank: why}``: which of the running processes are known gone
+        (``Cluster.gone_now``), asked every :data:`PROBE_S` seconds.
     """
 
     def __init__(
@@ -114,6 +122,7 @@ class Driver:
         on_hang: Callable[[CellRun], str] | None = None,
         on_interrupt: Callable[[list[int]], None] | None = None,
         watch: DivergenceWatch | None = None,
+        probe: Callable[[set[int]], dict[int, str]] | None = None,
     ):
         self.machine = machine
         self.events = events
@@ -121,6 +130,8 @@ class Driver:
         self.on_hang = on_hang
         self.on_interrupt = on_interrupt
         self.watch = watch
+        self.probe = probe
+        self._probed = machine.clock()
 
     def run(self) -> CellRun:
         """Drive the cell to its end.
@@ -163,11 +174,22 @@ class Driver:
                     self.watch.deadline() if until is None else min(until, self.watch.deadline())
                 )
             # At least a millisecond: a timer that did not move must not spin the loop.
-            wait = POLL if until is None else min(POLL, max(0.001, until - m.clock()))
+            limit = POLL if self.probe is None else PROBE_S
+            wait = limit if until is None else min(limit, max(0.001, until - m.clock()))
             self.take(wait)
             if self.watch is not None:
                 self.watch.tick(m.running, m.run.failed())
+            self._look_for_deaths()
         return False
+
+    def _look_for_deaths(self) -> None:
+        """Tell the machine of processes that died, as the hub's reply would later."""
+        m = self.machine
+        if self.probe is None or not m.running or m.clock() - self._probed < PROBE_S:
+            return
+        self._probed = m.clock()
+        for rank, why in self.probe(set(m.running)).items():
+            m.feed(rank, "reply", _Gone(f"process {rank} died: {why}"))
 
     def take(self, wait: float) -> None:
         """Feed the machine the next event (waiting up to ``wait`` s for one) and every
@@ -218,13 +240,12 @@ def execute(
         to be interrupted; asked what to do with a hung run (``"report"``, ``"interrupt"``,
         ``"restart"`` or ``"wait"``); the monotonic clock.
     hooks, known
-        Engine-side cell hooks, ``{name: options}`` (:mod:`jaxsys_kernel.engine.hooks`);
-        with ``divergence`` the processes' dispatches are compared while the cell runs,
-        and ``known`` (the entries of earlier cells) gains this cell's.
-    label
-        How the cell's file is named in what the processes print (e.g. ``<cell [7]>``).
-    on_wait, wait_notice
-        Called once, ``wait_notice`` seconds in, with the processes still running the cell.
+        Engine-side cell hooks, ``{name: options}`` (:mod:`jaxsys_kernel.engine.hooks`); with
+        ``divergence`` the processes' dispatches are compared while the cell runs, and
+        ``known`` (the entries of earlier cells) gains this cell's.
+    label, on_wait, wait_notice
+        How the cell's file is named in what the processes print (e.g. ``<cell [7]>``);
+        called once, ``wait_notice`` seconds in, with the processes still running the cell.
 
     Returns
     -------
@@ -238,10 +259,21 @@ def execute(
     code, watch = _with_hooks(cluster, code, procs, hooks, machine, known)
     events = send_cell(cluster, code, procs)
     try:
-        return Driver(machine, events, cluster.interrupt, on_hang, on_interrupt, watch).run()
+        probe = getattr(cluster, "gone_now", None)  # found dead before the hub says so
+        return Driver(machine, events, cluster.interrupt, on_hang, on_interrupt, watch, probe).run()
     finally:
         if watch is not None and known is not None:
             known |= watch.check.seen
+
+
+class _Gone:
+    """A reply future for a process found dead before the hub says so."""
+
+    def __init__(self, why: str):
+        self._error = ClusterError(why)
+
+    def exception(self) -> BaseException:
+        return self._error
 
 
 def _with_hooks(cluster, code: str, procs: list[int], hooks, machine, known):

@@ -65,6 +65,26 @@ class ProcessControl:
             elif p.engine_id not in alive:
                 p.mark_dead(f"the hub dropped its engine {p.engine_id} (missed heartbeats)")
 
+    def gone_now(self, ranks) -> dict[int, str]:
+        """The processes of ``ranks`` known to be gone without asking the hub (a pid that
+        is gone, a pod or a job that ended), each with why; the hub itself notices only
+        after its missed heartbeats (seconds).
+
+        Parameters
+        ----------
+        ranks : iterable of int
+
+        Returns
+        -------
+        dict of int to str
+        """
+        out = {}
+        for r in ranks:
+            p = self.processes[r]
+            if p.state == "ready" and self._launcher.process_gone(p):
+                out[r] = self._launcher.death_reason(p)
+        return out
+
     def kill_process(self, rank: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> float:
         """Send a signal to one process and, for SIGKILL, wait until it is gone.
 

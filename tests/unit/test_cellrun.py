@@ -19,6 +19,7 @@ from jaxsys_kernel.cells import (
     cell_result,
     raise_for_run,
     render_errors,
+    send,
 )
 from jaxsys_kernel.cells import report as rep
 from jaxsys_kernel.cells.guard import Ledger, check_processes
@@ -760,6 +761,35 @@ def test_driver_ends_a_cell_that_completes():
         clock, [(r, kind, p) for r in (0, 1) for kind, p in (("reply", replied()), ("idle", None))]
     )
     assert Driver(m, events, lambda r: r).run().by_status("ok") == [0, 1]
+
+
+def test_a_death_the_probe_finds_ends_the_wait_without_the_hubs_word():
+    # p0 dies; p1 waits for it in a collective and never replies; the hub would drop p0
+    # only after its missed heartbeats. The probe finds p0 gone: after the grace, the
+    # cell is judged failed, not at its timeout.
+    m, _, clock = machine(timeout=60.0, grace=1.0)
+    started = clock.t
+    events = ScriptedQueue(clock, [(1, *stream("waiting\n"))])
+    asked: list[set[int]] = []
+
+    def probe(ranks):
+        asked.append(ranks)
+        return {0: "its pid 41 is gone"} if clock.t - started >= 0.5 else {}
+
+    run = Driver(m, events, lambda r: r, probe=probe).run()
+    assert run.by_status("dead") == [0]
+    assert run.results[0].error["evalue"] == "process 0 died: its pid 41 is gone"
+    assert run.hang == "failure"
+    # Found within a probe's period of the death, judged a grace later.
+    assert run.seconds < 0.5 + send.PROBE_S + 1.0 + 3.0
+    assert all(r == {0, 1} for r in asked[:2]) and asked[-1] == {1}
+
+
+def test_without_a_probe_only_the_hub_says_a_process_died():
+    m, _, clock = machine(timeout=5.0, grace=1.0)
+    events = ScriptedQueue(clock, [(1, *stream("waiting\n"))])
+    run = Driver(m, events, lambda r: r).run()
+    assert run.by_status("dead") == [] and run.hang == "timeout"
 
 
 # -- the same-program guard ----------------------------------------------------------------------
