@@ -30,6 +30,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -420,3 +421,29 @@ class TestCluster:
         self.api.stop()
         if self._made:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running(own_python: bool = True) -> Iterator[TestCluster]:
+    """A test cluster for one test, skipped (saying why) where pods cannot run; on the way
+    out it checks that no pod process and none of its files are left.
+
+    With ``own_python`` the pods' ``python3`` is this interpreter, as an image's would be
+    its own.
+    """
+    import pytest  # Deferred: only tests use this; bench scripts use TestCluster alone
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    old_path = os.environ["PATH"]
+    if own_python:
+        os.environ["PATH"] = f"{Path(sys.executable).parent}:{old_path}"
+    cluster = TestCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        os.environ["PATH"] = old_path
+    assert not list(cluster.processes())
+    assert not cluster.dir.exists()

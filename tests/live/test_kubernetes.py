@@ -16,7 +16,7 @@ import time
 import pytest
 
 from jaxsys_kernel.cluster.launchers.kubernetes import CREDENTIALS_DIR, world_manifests
-from tests.k8s_kubelet import TestCluster, unavailable
+from tests.k8s_kubelet import running
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(180)]
 
@@ -60,16 +60,8 @@ def _free_port() -> int:
 
 @pytest.fixture
 def k8s():
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    cluster = TestCluster()
-    try:
+    with running(own_python=False) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    assert not list(cluster.processes())
-    assert not cluster.dir.exists()
 
 
 @pytest.fixture

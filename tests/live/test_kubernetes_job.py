@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s_kubelet import TestCluster, unavailable
+from tests.k8s_kubelet import running
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
@@ -49,18 +49,9 @@ def _job(*args: str, env=None) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def k8s(monkeypatch):
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    # The pods run "python3" from PATH: this interpreter's, as an image's would be its own.
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    cluster = TestCluster()
-    try:
+def k8s():
+    with running() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    assert not list(cluster.processes())
 
 
 def test_a_job_on_pods_collates_as_it_does_locally(k8s, tmp_path):

@@ -14,15 +14,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from ..certs import CERT_CELL, assert_one_certificate_per_process
 from ..harness import Kernel, status_table, tagged_processes
-from ..k8s_kubelet import TestCluster, unavailable
+from ..k8s_kubelet import running
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(240)]
 
@@ -41,19 +39,9 @@ TTL_S = 3
 
 
 @pytest.fixture
-def k8s(monkeypatch):
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    # The pods run "python3" from PATH: this interpreter's, as an image's would be its own.
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    cluster = TestCluster()
-    try:
+def k8s():
+    with running() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    assert not list(cluster.processes())
-    assert not cluster.dir.exists()
 
 
 def _kernel(k8s, tag) -> Kernel:
