@@ -4,6 +4,14 @@ Run by path with ``python -S`` (this file imports only the standard library, so 
 a few milliseconds)::
 
     python -S forked.py SOCKET SERVER_PID WAIT_S ENGINE_ARGS...
+    python -S forked.py --plain ENGINE_ARGS...
+
+Its first act is to arm its parent-death signal (``PR_SET_PDEATHSIG``, kept across the
+``exec`` into a plain engine): a process still booting when the kernel dies goes with it,
+whatever the profile's config (which arms the same signal, but only once ipengine has
+imported itself and read its profile, which the controller may be removing by then).
+``--plain`` is for a cluster without a fork server: it only arms the signal and becomes
+``python -m ipyparallel.engine ENGINE_ARGS...``.
 
 It hands its standard streams, environment, working directory and ``ENGINE_ARGS`` to the
 fork server at ``SOCKET`` (see :mod:`jaxsys_kernel.engine.forkserver`), then stays for the
@@ -15,6 +23,7 @@ seconds) or refuses the request, it becomes a plain engine in place
 """
 
 import array
+import ctypes
 import json
 import os
 import select
@@ -37,6 +46,23 @@ FORWARDED = (
 # engine may outlive a server that vanished (its parent-death signal ends it at once).
 EXIT_GRACE_S = 10.0
 POLL_S = 0.02
+PLAIN = "--plain"
+# The names of jaxsys_kernel.contract.PARENT_PID and NO_PDEATHSIG, copied: this file imports
+# nothing of the package.
+PARENT_PID = "JAXSYS_PARENT_PID"
+NO_PDEATHSIG = "JAXSYS_NO_PDEATHSIG"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """End this process (SIGKILL) when the process that launched it dies; end it now if that
+    happened already (``$JAXSYS_PARENT_PID`` is no longer the parent)."""
+    if not sys.platform.startswith("linux") or os.environ.get(NO_PDEATHSIG):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    expected = os.environ.get(PARENT_PID, "")
+    if expected.isdigit() and os.getppid() != int(expected):
+        os._exit(1)
 
 
 def plain_engine(args, why):
@@ -172,8 +198,15 @@ def wait_for_engine(conn, lifeline):
 
 
 def main(argv):
+    die_with_parent()
+    if argv[:1] == [PLAIN]:
+        plain_engine(argv[1:], None)
     if len(argv) < 3:
-        print("usage: python -S forked.py SOCKET SERVER_PID WAIT_S ENGINE_ARGS...", file=sys.stderr)
+        print(
+            "usage: python -S forked.py SOCKET SERVER_PID WAIT_S ENGINE_ARGS...\n"
+            "       python -S forked.py --plain ENGINE_ARGS...",
+            file=sys.stderr,
+        )
         return 2
     path, server_pid, wait_s, args = argv[0], int(argv[1]), float(argv[2]), argv[3:]
     conn, why = connect(path, server_pid, wait_s)

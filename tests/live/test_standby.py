@@ -189,3 +189,80 @@ def test_the_kernel_keeps_a_standby_and_shows_it():
         if psutil.pid_exists(k.pid):
             k.shutdown()
         k.km.cleanup_resources()
+
+
+# How long anything of a cluster may outlive its kernel's SIGKILL, a standby engine that is
+# still booting included: each process's parent-death signal is armed before its imports.
+KERNEL_DEATH_BOUND_S = 5.0
+# The profile's engine config arms the same signal, but only once an engine has imported
+# ipyparallel and read it; the controller removes the profile as the kernel dies, and an
+# engine that read its profile meanwhile may have found no config. That engine is made here:
+# the config and the controller's connection file are removed, so the refilled standby
+# reads no config and waits for the file (for the registration deadline, 61 s).
+DROP_ENGINE_CONFIG = """\
+from jaxsys_kernel.cluster.profile import engine_file
+c = get_ipython()._jaxsys_session.cluster
+(c.world.profile / "ipengine_config.py").unlink()
+engine_file(c.world.profile).unlink()
+"""
+# Once every refill engine waits for the connection file, the kernel kills itself.
+KILL_WHILE_BOOTING = """\
+import os, signal, time
+from jaxsys_kernel.cluster.teardown import sub_launchers
+c = get_ipython()._jaxsys_session.cluster
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    spares = c.world.standby.spares.values()
+    sets = [c.world.ipp.engines.get(s.set_id) for s in spares]
+    files = [sub.output_file for es in sets if es for sub in sub_launchers(es)]
+    outputs = [open(f).read() if os.path.exists(f) else "" for f in files]
+    if len(outputs) == 2 and all("Waiting up to" in out for out in outputs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["fork-server", "no-fork-server"])
+def test_a_standby_booting_as_the_kernel_is_killed_goes_with_it(fork_server):
+    tag = new_tag()
+    k = Kernel(tag)
+    try:
+        # The default registration deadline (61 s): the bound below must not come from it.
+        out = k.execute(
+            "%jaxsys start --hosts 2 --devices-per-host 1 --standby 2"
+            + ("" if fork_server else " --no-fork-server"),
+            timeout=180,
+        )
+        assert out.status == "ok", out.stderr
+        _wait_status(k, "standby: 2 of 2 processes ready")
+        assert k.execute(DROP_ENGINE_CONFIG).status == "ok"
+        # The world comes from the standby, which is refilled at once.
+        out = k.execute("%jaxsys restart", timeout=180)
+        assert out.status == "ok" and "(2 from the standby)" in out.stdout, out.stdout
+        k.kc.execute(KILL_WHILE_BOOTING)
+        try:
+            code = k.km.provisioner.process.wait(90)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == -signal.SIGKILL, "the refilled standby never waited for its controller"
+        killed_at = time.monotonic()
+        k.kc.stop_channels()
+        left = wait_no_processes(tag, timeout=KERNEL_DEATH_BOUND_S)
+        took = time.monotonic() - killed_at
+    finally:
+        if k.km.provisioner.process.poll() is None:
+            k.shutdown()
+        k.km.cleanup_resources()
+    for line in left:
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not left, f"{took:.1f} s after the kernel's SIGKILL: {left}"
+
+
+def _wait_status(k: Kernel, line: str) -> None:
+    deadline = time.monotonic() + READY_WAIT_S
+    while time.monotonic() < deadline:
+        status = k.execute("%jaxsys status").stdout
+        if line in status:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"never {line!r}: {status}")

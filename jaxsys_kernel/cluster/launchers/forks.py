@@ -38,6 +38,13 @@ _TAIL_LINES = 12
 log = logging.getLogger(__name__)
 
 
+def plain_engine_cmd() -> list[str]:
+    """The command of a local engine that is not forked (no fork server, or it died): the
+    stand-in's ``--plain`` mode, which arms the engine's parent-death signal before Python
+    imports anything and then becomes ``python -m ipyparallel.engine``."""
+    return [sys.executable, "-S", STAND_IN, "--plain"]
+
+
 def _socket_base() -> str:
     # The temporary directory, unless it is itself too long for a socket path (a batch
     # system's per-job TMPDIR can be).

@@ -14,7 +14,7 @@ from .. import stacks
 from ..profile import engine_file
 from ..teardown import pid_alive
 from .base import EngineContext, Launcher, native_log_file, stack_file
-from .forks import ForkServer
+from .forks import ForkServer, plain_engine_cmd
 from .kept import KeepsHosts
 
 #: Seconds a death's description waits for the exit status of the engine's process (the
@@ -130,9 +130,12 @@ class LocalLauncher(KeepsHosts, Launcher):
             kwargs["engine_cmd"] = [*prefix, sys.executable, "-m", "ipyparallel.engine"]
         elif self.forks is not None and self.forks.failure() is None:
             kwargs["engine_cmd"] = self.forks.engine_cmd()
-        elif self.forks is not None:
-            # The server died: this rank is a plain engine now (see death_reason).
-            self._plain_after_forks.add(rank)
+        else:
+            # Dies with the kernel even while it boots (the stand-in's --plain mode).
+            kwargs["engine_cmd"] = plain_engine_cmd()
+            if self.forks is not None:
+                # The server died: this rank is a plain engine now (see death_reason).
+                self._plain_after_forks.add(rank)
         await self.ipp.start_engines(n=1, engine_set_id=set_id, **kwargs)
         if engine_id is None:
             self.engine_sets[rank] = set_id
