@@ -177,7 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _serve_cluster(args: argparse.Namespace) -> int:
     """Own a cluster in this process until SIGTERM or SIGINT, publishing its state."""
-    from .cells.owner_snapshot import OwnerSnapshot  # Only the server writes live numbers.
+    # Deferred: only the cluster's server writes live numbers for watchers.
+    from .cells.owner_snapshot import OwnerSnapshot
     from .cluster.watch_snapshot import snapshot_path
 
     state_file = _state_file(args.name)

@@ -92,6 +92,7 @@ def command_of(pid: int) -> str:
 def kernel_ports() -> set[int]:
     """The shell port of this kernel when it listens on TCP (empty outside a kernel)."""
     try:
+        # Deferred: only a kernel has an app to ask (and `jaxsys cluster start` no ipykernel).
         from ipykernel.kernelapp import IPKernelApp
     except ImportError:
         return set()
