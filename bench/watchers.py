@@ -7,6 +7,10 @@ owner's trivial cell is ``pass`` executed on both processes through the cluster'
 ipyparallel connection file (``view.execute(..., block=True)``), timed here with
 ``time.perf_counter``; a chunk is ``--cells`` such cells and its figure the median.
 
+The owner (``jaxsys cluster start``'s server) writes its live numbers for watchers every
+2 s in both halves (cache hits, step records asked only while the processes are idle); the
+script prints the share of a core the server used meanwhile and the snapshot's size.
+
 N real jaxsys kernels (started with jupyter_client, as a notebook server starts them) each
 run ``%jaxsys watch NAME`` and then a cell that, while a flag file exists, runs
 ``%jaxsys status`` every ``--period`` seconds (what a dashboard refreshing once a second
@@ -45,6 +49,8 @@ import ipyparallel as ipp
 import psutil
 from _procs import reap
 from jupyter_client.manager import KernelManager
+
+from jaxsys_kernel.cluster.watch_snapshot import PERIOD, snapshot_path
 
 JAXSYS = [sys.executable, "-m", "jaxsys_kernel.cli"]
 #: Seconds one trivial cell may take before the benchmark gives up (a stuck cluster).
@@ -149,6 +155,9 @@ def main() -> int:
               f"processes they started: {children}")  # fmt: skip
         off, on = [], []
         cpu = {"off": [0.0, 0.0], "on": [0.0, 0.0]}  # watchers' CPU seconds, wall seconds
+        # The owner's server writes its live numbers for watchers every 2 s, in both halves.
+        owner = psutil.Process(state["pid"])
+        owner_cpu, owner_t0 = sum(owner.cpu_times()[:2]), time.perf_counter()
         for _ in range(args.pairs):
             flag_on.unlink(missing_ok=True)
             time.sleep(2 * args.period)  # every watcher has seen the flag go
@@ -157,6 +166,8 @@ def main() -> int:
             time.sleep(2 * args.period)
             on.append(timed_cpu(procs, cpu["on"], lambda: chunk(view, args.cells)))
         flag_stop.touch()
+        owner_share = (sum(owner.cpu_times()[:2]) - owner_cpu) / (time.perf_counter() - owner_t0)
+        live = snapshot_path(state_dir, name)
         m_off, m_on = statistics.median(off), statistics.median(on)
         print(f"owner's trivial cell, median of {args.pairs} chunks of {args.cells} cells:")
         print(f"  no kernels (before any watcher): {alone * 1e3:8.2f} ms")
@@ -167,6 +178,10 @@ def main() -> int:
         print(f"median of adjacent-chunk ratios: {statistics.median(pairs):.3f}")
         print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
         print(f"CPUs: {os.cpu_count()}")
+        print(
+            f"the owner's server (writes {live.name}, {live.stat().st_size} bytes, every "
+            f"{PERIOD:g} s): {100 * owner_share:.1f} % of one core"
+        )
         for what, (used, wall) in cpu.items():
             print(
                 f"the {args.watchers} watchers' CPU while {what}: {100 * used / wall:.1f} % of one core"
