@@ -74,10 +74,18 @@ def launcher_failure(world, rank: int) -> str | None:
         if getattr(sub, "state", "running") == "after":
             code = (getattr(sub, "stop_data", None) or {}).get("exit_code")
             return (
-                f"exited with code {code} before it was ready; its output ends with:\n"
-                f"{output_tail(sub)}"
+                f"exited with code {code}{_signal_named(code)} before it was ready; "
+                f"its output ends with:\n{output_tail(sub)}"
             )
     return None
+
+
+def _signal_named(code) -> str:
+    """`` (killed by SIGKILL)`` for an exit status that says a signal ended the process."""
+    if not isinstance(code, int) or code >= 0:
+        return ""
+    known = -code in signal.valid_signals()
+    return f" (killed by {signal.Signals(-code).name if known else f'signal {-code}'})"
 
 
 def controller_failure(world) -> str | None:
@@ -307,7 +315,11 @@ async def _ask_ready(world, ranks: Sequence[int]) -> dict[int, str]:
         r: world.client[world.processes[r].engine_id].apply_async(readiness.state) for r in ranks
     }
     end = time.monotonic() + READY_ASK_S
-    while time.monotonic() < end and not all(ar.done() for ar in ars.values()):
+    while time.monotonic() < end:
+        pending = [r for r, ar in ars.items() if not ar.done()]
+        # A dead process never answers: stop asking at once, not at the round's end.
+        if not pending or any(launcher_failure(world, r) for r in pending):
+            break
         await asyncio.sleep(_POLL_S)
     doing = {}
     for r, ar in ars.items():
