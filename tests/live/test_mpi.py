@@ -151,3 +151,44 @@ def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, 
         assert time.monotonic() < deadline, f"left on the hosts: {_mpi_on_hosts(hosts)}"
         time.sleep(0.1)
     assert took < 10
+
+
+def _start_sleep():
+    import os
+    import subprocess
+
+    return {"engine": os.getpid(), "child": subprocess.Popen(["sleep", "4321"]).pid}
+
+
+def test_what_cells_started_on_the_hosts_ends_with_restart_and_with_stop(ssh_hosts, tag):
+    hosts, hostfile = ssh_hosts
+    c = Cluster(hosts=2, devices_per_host=1, launcher="mpi", controller_ip=hosts.bridge_address,
+                env={"JAX_PLATFORMS": "cpu", TAG_VAR: tag},
+                launcher_options={"hostfile": str(hostfile)}, progress=lambda e: None)  # fmt: skip
+
+    def gone(pids, what):
+        deadline = time.monotonic() + 15
+        while left := [p for p in pids if psutil.pid_exists(p) and _running(p)]:
+            assert time.monotonic() < deadline, f"{what} still run: {left}"
+            time.sleep(0.1)
+
+    second = []
+    try:
+        c.start_sync()
+        first = [m["child"] for m in c.world.view.apply_sync(_start_sleep)]
+        # The children run inside the hosts (their network namespaces), not here.
+        on_hosts = {p for ns in hosts.namespaces for p in netns.namespace_pids(ns)}
+        assert set(first) <= on_hosts
+        c.restart_sync()
+        gone(first, "children of the old world's ranks on the hosts")
+        second = [m["child"] for m in c.world.view.apply_sync(_start_sleep)]
+    finally:
+        c.kill()
+    gone(second, "children of the stopped world's ranks on the hosts")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
