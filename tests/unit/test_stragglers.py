@@ -105,7 +105,7 @@ def test_no_false_name_in_an_undisturbed_run(nprocs, seed, skew):
     nprocs=st.integers(2, 40),
     data=st.data(),
     where=st.sampled_from(CATEGORIES),
-    delay=st.floats(0.05, 5.0),
+    delay=st.floats(0.06, 5.0),
 )
 def test_any_delayed_process_is_named_whatever_the_order_of_records(nprocs, data, where, delay):
     slow = data.draw(st.integers(0, nprocs - 1))
@@ -207,10 +207,10 @@ def test_the_picture_draws_a_bar_per_listed_process_with_tooltips():
 
 
 def test_a_different_late_process_at_each_step_names_no_one():
-    # A busy machine: at each step another process is 50 ms late.
+    # A busy machine: at each step another process is 100 ms late.
     records = []
     for s, late in enumerate([3, 1, 2, 0, 3]):
-        step = run(4, 1, slow=late, delay=0.05, where="host")
+        step = run(4, 1, slow=late, delay=0.1, where="host")
         for r, rec in step:
             shift = s * 10.0
             rec = dict(rec, step=s, start=rec["start"] + shift)
