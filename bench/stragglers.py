@@ -8,7 +8,8 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    at random is delayed ``--ms`` before each step (``%jaxsys slow``), a cell runs 5 steps
    of a jitted training step whose result spans every process, and the view is read as
    ``%jaxsys where`` reads it. A trial counts when the delayed process is named with its
-   category over those 5 steps. As many undisturbed trials count a false name.
+   category over those 5 steps. ``--undisturbed`` trials (as many by default) count a
+   false name.
 2. **Cost**, as a ratio measured side by side in one run (A B A B ...): a cell of 20 steps
    with the step records on and off. Median cell time with / without.
 3. **Readiness gate** (``--import-delay S``, 0 skips it): a cluster of ``--hosts``
@@ -20,8 +21,8 @@ with as many cores; on 2 cores the numbers say more about the scheduler than the
 
 Usage
 -----
-``python bench/stragglers.py [--hosts N] [--trials N] [--ms N] [--reps N] [--seed N]
-[--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]``
+``python bench/stragglers.py [--hosts N] [--trials N] [--undisturbed N] [--ms N] [--reps N]
+[--seed N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]``
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def trial(cluster, slow: int | None, ms: float, where: str) -> tuple | None:
     return collect(cluster, cluster.ranks).named(5)
 
 
-def naming(cluster, trials: int, ms: float, rng: random.Random) -> None:
+def naming(cluster, trials: int, undisturbed: int, ms: float, rng: random.Random) -> None:
     print(f"naming a {ms:g} ms delay within 5 steps ({trials} trials each):")
     for where in ("host", "input", "compute"):
         right = 0
@@ -92,12 +93,12 @@ def naming(cluster, trials: int, ms: float, rng: random.Random) -> None:
                 print(f"    p{p} delayed in {where}: named {got}")
         print(f"  {where:8s} named right {right}/{trials} ({100 * right / trials:.0f} %)")
     false = 0
-    for _ in range(trials):
+    for _ in range(undisturbed):
         got = trial(cluster, None, ms, "host")
         if got is not None:
             false += 1
             print(f"    undisturbed: named {got}")
-    print(f"  undisturbed: a false name in {false}/{trials}")
+    print(f"  undisturbed: a false name in {false}/{undisturbed}")
 
 
 def cost(cluster, reps: int) -> None:
@@ -147,6 +148,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--undisturbed", type=int, default=None, help="(default: --trials)")
     ap.add_argument("--ms", type=float, default=200.0)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
@@ -163,7 +165,8 @@ def main() -> None:
         run(cluster, SETUP)
         call(cluster, cluster.ranks, arrivals.enable)
         run(cluster, STEPS.format(n=5))  # compiles the step
-        naming(cluster, opts.trials, opts.ms, random.Random(opts.seed))
+        quiet = opts.trials if opts.undisturbed is None else opts.undisturbed
+        naming(cluster, opts.trials, quiet, opts.ms, random.Random(opts.seed))
         cost(cluster, opts.reps)
     finally:
         cluster.kill()
