@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import bringup, security, spare_world, standby, teardown
+from . import bringup, reply_limit, security, spare_world, standby, teardown
 from .calls import Calls, EngineCalls
 from .config import ClusterConfig
 from .launchers import make_launcher, telemetry_addresses
@@ -185,7 +185,10 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             if self.secure:
                 security.quiet_curve_signing_warning()
             world.client = await asyncio.wait_for(
-                world.ipp.connect_client(), timeout=self.register_timeout
+                reply_limit.connect_client(
+                    world.ipp, lambda: bringup.controller_failure(world) is not None
+                ),
+                timeout=self.register_timeout,
             )
             await bringup.bring_up_engines(world, deadline, exclude=set())
         except BaseException:

@@ -1,0 +1,242 @@
+"""The bound on the replies the kernel's ipyparallel client takes from the engines.
+
+Every result an engine returns (``%pull``, ``Cluster.call``, a cell's reply) reaches the
+kernel on the client's DEALER sockets, and ZeroMQ holds a whole message in the kernel's
+memory before ipyparallel unpickles it: one huge (or hostile) reply could exhaust that
+memory and take the cluster down with the kernel. So those sockets carry ZeroMQ's
+``MAXMSGSIZE``: a message part over :func:`limit` bytes is refused from its header, before
+its body is read.
+
+ZeroMQ refuses it by ending the connection for good, and what was on it is lost, the reply
+ipyparallel waits for included: a wait that would never end. So each socket is watched (a
+ZeroMQ socket monitor); when one of them loses its connection while the controller still
+runs, every reply still awaited ends at once with :class:`ReplyTooLarge`, in words naming
+the limit and how to raise it, as ipyparallel ends those of an engine that died, and the
+socket connects again. The processes and the cluster stay up; the next cell works.
+
+The output channel (IOPub: printed text, displays) is not bounded here: a refusal there
+ends the connection the same way, and ipykernel's own sockets then failed in tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..errors import ClusterError, ConfigError
+
+#: The largest message part (bytes) the kernel takes from an engine, by default: 1 GiB, far
+#: above any result a notebook shows, and below what would end a kernel on a small machine.
+MAX_REPLY_BYTES = 2**30
+#: The environment variable that sets another bound (bytes), read when a cluster connects.
+ENV = "JAXSYS_MAX_REPLY_BYTES"
+# The client's sockets that carry what engines send (replies, results, output).
+_WATCHED = ("_mux_socket", "_task_socket", "_broadcast_socket", "_control_socket")
+_POLL_MS = 200
+_SETUP_WAIT_S = 10.0
+log = logging.getLogger("jaxsys.cluster")
+
+
+class ReplyTooLarge(ClusterError):
+    """A message from an engine was over the kernel's bound, and what was awaited is lost."""
+
+
+def limit() -> int:
+    """The bound in bytes: ``$JAXSYS_MAX_REPLY_BYTES``, else :data:`MAX_REPLY_BYTES`.
+
+    Raises
+    ------
+    ConfigError
+        When the variable is not a whole number of bytes of at least 1024.
+    """
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return MAX_REPLY_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1024:
+        raise ConfigError(
+            f"${ENV}={raw!r} is not a number of bytes of 1024 or more; set it to e.g. "
+            f"{2 * MAX_REPLY_BYTES} (2 GiB), or unset it for the default ({_size(MAX_REPLY_BYTES)})"
+        )
+    return value
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
+def explain(bound: int) -> str:
+    """What :class:`ReplyTooLarge` says: the bound, what was lost, and what to do."""
+    return (
+        f"an engine sent the kernel a reply over its limit of {_size(bound)} ({bound} bytes, "
+        f"${ENV}); ZeroMQ refused it and closed the connection, so the replies still awaited "
+        "were lost (the processes and the cluster are fine). Return less (write a large "
+        "result to a file on the process), or raise the limit: set "
+        f"os.environ[{ENV!r}] to more bytes, then %jaxsys stop and %jaxsys start"
+    )
+
+
+class _BoundedContext(zmq.Context):
+    """A context whose new DEALER sockets (the client's request and reply channels) refuse
+    message parts over :attr:`bound` bytes."""
+
+    bound = MAX_REPLY_BYTES
+
+    def socket(self, socket_type, *args, **kwargs):
+        sock = super().socket(socket_type, *args, **kwargs)
+        if socket_type == zmq.DEALER:
+            sock.setsockopt(zmq.MAXMSGSIZE, self.bound)
+        return sock
+
+
+_context: _BoundedContext | None = None
+_context_lock = threading.Lock()
+
+
+def bounded_context(bound: int) -> zmq.Context:
+    """The kernel's ZeroMQ context for clients, whose new DEALER sockets refuse message parts
+    over ``bound`` bytes. One for the process (like ``zmq.Context.instance()``), so that a
+    kernel starting many clusters does not keep a context's threads for each."""
+    global _context
+    with _context_lock:
+        if _context is None or _context.closed:
+            _context = _BoundedContext()
+        _context.bound = bound
+        return _context
+
+
+async def connect_client(ipp_cluster, controller_gone: Callable[[], bool]):
+    """ipyparallel's client of ``ipp_cluster``, bounded and watched (see the module)."""
+    bound = limit()
+    client = await ipp_cluster.connect_client(context=bounded_context(bound))
+    watch(client, bound, controller_gone)
+    return client
+
+
+def watch(client, bound: int, controller_gone: Callable[[], bool]) -> threading.Thread | None:
+    """Mend ``client`` when one of its sockets loses its connection while the controller runs
+    (a message over ``bound`` was refused): what it awaits ends with :class:`ReplyTooLarge`,
+    and the socket connects again. Returns the watching thread, which ends with the client."""
+    monitors: dict[zmq.Socket, zmq.Socket] = {}
+    made = threading.Event()
+
+    def make() -> None:
+        # On the client's IO thread, which owns its sockets.
+        try:
+            for name in _WATCHED:
+                sock = getattr(client, name, None)
+                if sock is not None and not sock.closed:
+                    monitors[sock.get_monitor_socket(_EVENTS)] = sock
+        finally:
+            made.set()
+
+    client._io_loop.add_callback(make)
+    if not made.wait(_SETUP_WAIT_S):
+        log.warning("the client's sockets could not be watched for refused messages")
+        return None
+    thread = threading.Thread(
+        target=_watch_loop,
+        args=(client, monitors, bound, controller_gone),
+        name="jaxsys-reply-limit",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+# A refused message ends the connection for good (ZeroMQ reconnects after other losses, and
+# says so with one of the connect events).
+_EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_DELAYED
+    | zmq.EVENT_CONNECT_RETRIED
+)
+# How long a lost connection may take to come back on its own before it is made again.
+RECONNECT_WAIT_S = 1.0
+
+
+def _watch_loop(client, monitors, bound, controller_gone) -> None:
+    poller = zmq.Poller()
+    for m in monitors:
+        poller.register(m, zmq.POLLIN)
+    lost: dict[zmq.Socket, tuple[float, str]] = {}
+    try:
+        while not client._closed:
+            for mon, _ in poller.poll(_POLL_MS):
+                try:
+                    event = recv_monitor_message(mon, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    continue
+                if event["event"] != zmq.EVENT_DISCONNECTED:
+                    lost.pop(mon, None)
+                elif not controller_gone():
+                    endpoint = event["endpoint"]
+                    lost[mon] = (time.monotonic(), endpoint.decode(errors="replace"))
+                    error = ReplyTooLarge(explain(bound))
+                    client._io_loop.add_callback(fail_awaited, client, error)
+            for mon, (when, endpoint) in list(lost.items()):
+                if time.monotonic() - when > RECONNECT_WAIT_S:
+                    del lost[mon]
+                    client._io_loop.add_callback(_connect_again, monitors[mon], endpoint)
+    finally:
+        for m in monitors:
+            m.close(linger=0)
+
+
+def _connect_again(sock: zmq.Socket, endpoint: str) -> None:
+    # On the IO thread. The refused connection's session has ended, so this is a new one.
+    if not sock.closed:
+        try:
+            # The ended connection's endpoint is still the socket's: a connect alone is
+            # ignored.
+            sock.disconnect(endpoint)
+        except zmq.ZMQError:
+            pass
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as e:
+            log.warning("could not connect the client to %s again: %s", endpoint, e)
+
+
+def fail_awaited(client, error: Exception) -> int:
+    """End every reply and output ``client`` still awaits with ``error``, as ipyparallel
+    ends those of an engine that died (on its IO thread); returns how many replies."""
+    # Deferred: ipyparallel's client machinery, as loaded by the client itself.
+    from ipyparallel import error as ipp_error
+
+    try:
+        raise error
+    except type(error):
+        content = ipp_error.wrap_exception()
+    # Where it was raised here says nothing to the user; the words say it all.
+    content["traceback"] = []
+    failed = 0
+    for uuid, msg_ids in list(client._outstanding_dict.items()):
+        for msg_id in list(msg_ids):
+            if msg_id in client.results:
+                continue
+            msg = client.session.msg("apply_reply", content=content)
+            msg["parent_header"]["msg_id"] = msg_id
+            msg["metadata"]["engine"] = uuid
+            client._handle_apply_reply(msg)
+            failed += 1
+    for future in list(client._output_futures.values()):
+        if not future.done():
+            # The output that was lost will not come: the request is over, and failed.
+            future.set_exception(error)
+    if failed:
+        log.warning("%s", error)
+    return failed
