@@ -185,9 +185,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             if self.secure:
                 security.quiet_curve_signing_warning()
             world.client = await asyncio.wait_for(
-                reply_limit.connect_client(
-                    world.ipp, lambda: bringup.controller_failure(world) is not None
-                ),
+                reply_limit.connect_client(world.ipp, lambda: reply_limit.controller_gone(world)),
                 timeout=self.register_timeout,
             )
             await bringup.bring_up_engines(world, deadline, exclude=set())

@@ -30,6 +30,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import ClusterError, ConfigError
+from .bringup import controller_failure
+from .pids import pid_alive
 
 #: The largest message part (bytes) the kernel takes from an engine, by default: 1 GiB, far
 #: above any result a notebook shows, and below what would end a kernel on a small machine.
@@ -117,6 +119,15 @@ def bounded_context(bound: int) -> zmq.Context:
         return _context
 
 
+def controller_gone(world) -> bool:
+    """Whether the cluster's controller has ended (as its launcher knows, or its pid shows
+    first: it has just been killed)."""
+    if controller_failure(world) is not None:
+        return True
+    pid = getattr(getattr(world.ipp, "controller", None), "pid", None)
+    return isinstance(pid, int) and pid > 1 and not pid_alive(pid)
+
+
 async def connect_client(ipp_cluster, controller_gone: Callable[[], bool]):
     """ipyparallel's client of ``ipp_cluster``, bounded and watched (see the module)."""
     bound = limit()
@@ -164,7 +175,10 @@ _EVENTS = (
     | zmq.EVENT_CONNECT_DELAYED
     | zmq.EVENT_CONNECT_RETRIED
 )
-# How long a lost connection may take to come back on its own before it is made again.
+# How long a lost connection is left to come back on its own (ZeroMQ tries again after
+# 0.1 s), or to be seen as the controller's death, before what was on it counts as lost.
+SETTLE_S = 0.3
+# How long before a lost connection is made again.
 RECONNECT_WAIT_S = 1.0
 
 
@@ -172,7 +186,8 @@ def _watch_loop(client, monitors, bound, controller_gone) -> None:
     poller = zmq.Poller()
     for m in monitors:
         poller.register(m, zmq.POLLIN)
-    lost: dict[zmq.Socket, tuple[float, str]] = {}
+    # Per monitor of a socket whose connection ended: when, its endpoint, whether failed.
+    lost: dict[zmq.Socket, list] = {}
     try:
         while not client._closed:
             for mon, _ in poller.poll(_POLL_MS):
@@ -180,20 +195,33 @@ def _watch_loop(client, monitors, bound, controller_gone) -> None:
                     event = recv_monitor_message(mon, zmq.NOBLOCK)
                 except zmq.ZMQError:
                     continue
-                if event["event"] != zmq.EVENT_DISCONNECTED:
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    endpoint = event["endpoint"].decode(errors="replace")
+                    lost[mon] = [time.monotonic(), endpoint, False]
+                else:
+                    # Connecting again on its own: not a refusal.
                     lost.pop(mon, None)
-                elif not controller_gone():
-                    endpoint = event["endpoint"]
-                    lost[mon] = (time.monotonic(), endpoint.decode(errors="replace"))
-                    error = ReplyTooLarge(explain(bound))
-                    client._io_loop.add_callback(fail_awaited, client, error)
-            for mon, (when, endpoint) in list(lost.items()):
-                if time.monotonic() - when > RECONNECT_WAIT_S:
-                    del lost[mon]
-                    client._io_loop.add_callback(_connect_again, monitors[mon], endpoint)
+            _settle(client, monitors, lost, bound, controller_gone)
     finally:
         for m in monitors:
             m.close(linger=0)
+
+
+def _settle(client, monitors, lost, bound, controller_gone) -> None:
+    now = time.monotonic()
+    for mon, entry in list(lost.items()):
+        when, endpoint, failed = entry
+        if now - when < SETTLE_S:
+            continue
+        if controller_gone():
+            # Not a refusal: the controller's death is reported on its own.
+            del lost[mon]
+        elif not failed:
+            entry[2] = True
+            client._io_loop.add_callback(fail_awaited, client, ReplyTooLarge(explain(bound)))
+        elif now - when >= RECONNECT_WAIT_S:
+            del lost[mon]
+            client._io_loop.add_callback(_connect_again, monitors[mon], endpoint)
 
 
 def _connect_again(sock: zmq.Socket, endpoint: str) -> None:
