@@ -198,8 +198,8 @@ def wait_for_engine(conn, lifeline):
 
 
 def main(argv):
-    die_with_parent()
     if argv[:1] == [PLAIN]:
+        die_with_parent()
         plain_engine(argv[1:], None)
     if len(argv) < 3:
         print(
@@ -209,6 +209,7 @@ def main(argv):
         )
         return 2
     path, server_pid, wait_s, args = argv[0], int(argv[1]), float(argv[2]), argv[3:]
+    die_with_parent()
     conn, why = connect(path, server_pid, wait_s)
     if conn is None:
         plain_engine(args, why)

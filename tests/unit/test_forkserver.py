@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxsys_kernel import _compat
+from jaxsys_kernel import _compat, contract
 from jaxsys_kernel.cluster.launchers import forks
 from jaxsys_kernel.engine import forked, forkrequests, forkserver
 
@@ -382,3 +382,14 @@ def test_jaxsys_status_has_the_fork_servers_line(shell, session, capsys, tmp_pat
     session.cluster.world = None
     shell.run_line_magic("jaxsys", "status")
     assert "fork server" not in capsys.readouterr().out
+
+
+def test_the_stand_in_names_the_variables_of_the_contract():
+    # Copied, since the stand-in imports nothing of the package.
+    assert forked.PARENT_PID == contract.PARENT_PID
+    assert forked.NO_PDEATHSIG == contract.NO_PDEATHSIG
+
+
+def test_a_plain_engine_is_the_stand_in_in_plain_mode():
+    cmd = forks.plain_engine_cmd()
+    assert cmd[1:] == ["-S", forked.__file__, forked.PLAIN]
