@@ -196,11 +196,10 @@ def train(
         The model and data (``lm.Config()`` by default).
     log_every
         Print ``step N loss L`` every this many steps and ``restored step N`` (0: never).
-    after_step
-        Called with the step number after each step (a test slows training down with it).
-    wait_for_saves
-        Finish writing each checkpoint before the next step (a fault then redoes at most
-        ``every`` steps); False lets the write overlap training.
+    after_step, wait_for_saves
+        Called with the step number after each step (a test slows training down with it);
+        whether each checkpoint is written before the next step (a fault then redoes at
+        most ``every`` steps) rather than while training goes on.
 
     Returns
     -------
@@ -220,21 +219,15 @@ def train(
     state, start = _resume(cfg, mesh, mgr, it, log_every)
     t0 = time.perf_counter()
     saved = mgr.wait_until_finished if wait_for_saves else None
-    state, step, loss, preempted = _loop(
-        cfg, mesh, mgr, it, state, start, steps, log_every, after_step, saved
-    )
+    state, step, loss, preempted = _loop(cfg, mesh, mgr, it, state, start, steps, log_every,
+                                         after_step, saved)  # fmt: skip
     if not preempted and mgr.latest_step() != step:
         mgr.save(step, args=_save_args(state, it), force=True)
     mgr.wait_until_finished()
     mgr.close()
-    return {
-        "step": step,
-        "start": start,
-        "preempted": preempted,
-        "loss": loss,
-        "fingerprint": fingerprint(state),
-        "seconds": time.perf_counter() - t0,
-    }
+    seconds = time.perf_counter() - t0
+    return {"step": step, "start": start, "preempted": preempted, "loss": loss,
+            "fingerprint": fingerprint(state), "seconds": seconds}  # fmt: skip
 
 
 def _resume(cfg, mesh, mgr, it, log_every) -> tuple[dict, int]:
