@@ -7,6 +7,8 @@ One 2 x 1 cluster for the module.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from jaxsys_kernel import Cluster
@@ -104,5 +106,10 @@ def test_a_process_that_dies_during_a_broadcast_cell_is_reported_dead(cluster, m
     r, out = run(cluster, code, timeout=60.0)
     assert r.by_status("ok") == [0] and r.by_status("dead") == [1], r.results
     assert out == "[p0] survived\n"
+    # The cell learned of the death from the pid; the client's own books clear once the
+    # hub drops the engine (its missed heartbeats, seconds later).
+    deadline = time.monotonic() + 20
+    while books(cluster.client) != (0, 0, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert books(cluster.client) == (0, 0, 0)
     assert not pid_alive(victim)
