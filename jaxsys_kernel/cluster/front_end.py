@@ -38,12 +38,7 @@ ESTABLISHED = "01"
 
 def parent_command() -> str:
     """The command line of this process's parent, or '' when it cannot be read."""
-    try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-            raw = f.read(MAX_CMDLINE)
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return command_of(os.getppid())
 
 
 def progress_as_stream(environ: dict[str, str] | None = None, parent: str | None = None) -> bool:

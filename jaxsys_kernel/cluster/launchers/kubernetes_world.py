@@ -132,7 +132,8 @@ class PodWorlds:
         # Should the kernel die, its engines end (no more heartbeats), the Job finishes,
         # and the cluster deletes it after the TTL: the Secret and Service are its own.
         top["spec"]["ttlSecondsAfterFinished"] = ttl
-        self.manifests, self.name, self._pods = manifests, name, {}
+        # The last world's pods say nothing of this one's: the next look lists them anew.
+        self.manifests, self.name, self._pods, self._last_poll = manifests, name, {}, 0.0
         [uid] = api.create(self.client, [top])
         rest = [m for m in manifests if m is not top]
         for m in rest:
@@ -161,9 +162,11 @@ class PodWorlds:
                         f"{p.metadata.name}"
                     )
             if len(running) == self.nprocs:
+                # What the cluster's liveness checks start from.
+                self._pods = {api.rank(p, self.per_job): p for p in pods}
+                self._last_poll = time.monotonic()
                 return
-            waiting = [(p.metadata.name, api.why_pending(p)) for p in pods]
-            reasons = sorted({why for _, why in waiting if why})
+            reasons = sorted({why for p in pods if (why := api.why_pending(p))})
             text = f"Kubernetes world {self.name}: {len(running)} of {self.nprocs} pods running"
             if reasons:
                 text += f" ({'; '.join(reasons)})"
