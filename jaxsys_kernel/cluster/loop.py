@@ -88,14 +88,14 @@ class AsyncFirst:
     def _run_sync(self, coro: Coroutine) -> Any:
         fut = self._submit(coro)
         try:
-            while True:
-                try:
-                    result = fut.result(timeout=_PROGRESS_PERIOD)
-                except concurrent.futures.TimeoutError:
-                    self._drain_progress()
-                    continue
+            # Waited for by its state, never by catching TimeoutError: since Python 3.11
+            # that is the builtin one, so a coroutine that *raised* TimeoutError would look
+            # unfinished, and each re-raise would lengthen its traceback without end.
+            while not fut.done():
+                concurrent.futures.wait([fut], timeout=_PROGRESS_PERIOD)
                 self._drain_progress()
-                return result
+            self._drain_progress()
+            return fut.result()
         except KeyboardInterrupt:
             # Let the coroutine clean up (it kills what it started) before re-raising.
             fut.cancel()

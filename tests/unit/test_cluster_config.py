@@ -11,6 +11,8 @@ import re
 import signal
 import sys
 import threading
+import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -279,6 +281,11 @@ class _Worker(AsyncFirst):
         """Raise."""
         raise KeyError("from the loop")
 
+    async def time_out(self) -> None:
+        """Raise the builtin TimeoutError, as a client that got no answer does."""
+        await asyncio.sleep(0.1)
+        raise TimeoutError("no answer")
+
 
 def test_twins_run_on_the_private_loop_and_progress_on_the_caller():
     events = []
@@ -290,6 +297,20 @@ def test_twins_run_on_the_private_loop_and_progress_on_the_caller():
     with pytest.raises(KeyError, match="from the loop"):
         w.fail_sync()
     assert _Worker.fail_sync.__doc__ == "Blocking twin of :meth:`fail`."
+
+
+def test_a_coroutine_that_raises_timeout_error_ends_its_twin_at_once():
+    # TimeoutError is what a waiting caller saw when the work had not finished yet; raised
+    # by the work itself, it must end the wait, not make it re-raise forever.
+    w = _Worker(progress=lambda e: None)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer") as info:
+        w.time_out_sync()
+    assert time.monotonic() - t0 < 5
+    # Raised once: the traceback did not grow with re-raises.
+    assert len(traceback.extract_tb(info.value.__traceback__)) < 20
+    with pytest.raises(TimeoutError, match="no answer"):
+        asyncio.run(w.time_out())
 
 
 # -- teardown ----------------------------------------------------------------------------------
