@@ -185,7 +185,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             if self.secure:
                 security.quiet_curve_signing_warning()
             world.client = await asyncio.wait_for(
-                reply_limit.connect_client(world.ipp, lambda: reply_limit.controller_gone(world)),
+                reply_limit.connect_client(world.ipp, lambda: _controller_gone(world)),
                 timeout=self.register_timeout,
             )
             await bringup.bring_up_engines(world, deadline, exclude=set())
@@ -404,3 +404,12 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         if self.world.standby is None:
             return {"size": 0, "ready": 0, "booting": 0, "taken": 0, "note": None}
         return self.world.standby.describe(self.world)
+
+
+def _controller_gone(world) -> bool:
+    """Whether the cluster's controller has ended (as its launcher knows, or its pid shows
+    first: it has just been killed)."""
+    if bringup.controller_failure(world) is not None:
+        return True
+    pid = getattr(getattr(world.ipp, "controller", None), "pid", None)
+    return isinstance(pid, int) and pid > 1 and not pid_alive(pid)

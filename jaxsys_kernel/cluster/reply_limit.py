@@ -20,6 +20,7 @@ ends the connection the same way, and ipykernel's own sockets then failed in tes
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -30,8 +31,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import ClusterError, ConfigError
-from .bringup import controller_failure
-from .pids import pid_alive
 
 #: The largest message part (bytes) the kernel takes from an engine, by default: 1 GiB, far
 #: above any result a notebook shows, and below what would end a kernel on a small machine.
@@ -119,52 +118,91 @@ def bounded_context(bound: int) -> zmq.Context:
         return _context
 
 
-def controller_gone(world) -> bool:
-    """Whether the cluster's controller has ended (as its launcher knows, or its pid shows
-    first: it has just been killed)."""
-    if controller_failure(world) is not None:
-        return True
-    pid = getattr(getattr(world.ipp, "controller", None), "pid", None)
-    return isinstance(pid, int) and pid > 1 and not pid_alive(pid)
-
-
 async def connect_client(ipp_cluster, controller_gone: Callable[[], bool]):
-    """ipyparallel's client of ``ipp_cluster``, bounded and watched (see the module)."""
+    """ipyparallel's client of ``ipp_cluster``, bounded and watched (see the module).
+
+    Close it with :func:`close_client`, never with its own ``close``: see there."""
     bound = limit()
     client = await ipp_cluster.connect_client(context=bounded_context(bound))
     watch(client, bound, controller_gone)
     return client
 
 
-def watch(client, bound: int, controller_gone: Callable[[], bool]) -> threading.Thread | None:
+def close_client(client) -> None:
+    """Close a client made by :func:`connect_client`, leaving the shared context usable.
+
+    A ZeroMQ socket monitor sends its events from the context's I/O thread, and a send to a
+    monitor whose reading end was closed blocks that thread for good, and with it every
+    client the process makes later (their first request is never answered). So the
+    monitors are stopped while their reading ends are open, and only then is anything
+    closed."""
+    # The client's own thread owns its sockets: stopped first, so that they can be touched.
+    client._stop_io_thread()
+    watching = getattr(client, "_jaxsys_watch", None)
+    if watching is not None:
+        watching.stop()
+    client.close(linger=0)
+
+
+class Watch:
+    """The thread that reads the monitors of a client's sockets (see :func:`watch`)."""
+
+    def __init__(self, client, bound: int, controller_gone: Callable[[], bool]):
+        self.client = client
+        self.monitors: dict[zmq.Socket, zmq.Socket] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(
+            target=_watch_loop,
+            args=(self, bound, controller_gone),
+            name="jaxsys-reply-limit",
+            daemon=True,
+        )
+
+    def stop(self) -> None:
+        """Stop every monitor, then the thread, which closes the monitors' reading ends."""
+        for sock in self.monitors.values():
+            if not sock.closed:
+                try:
+                    sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass  # not monitored any more
+        self.stopping.set()
+        self.thread.join(timeout=_POLL_MS / 1000 * 10)
+
+
+_monitor_ids = itertools.count()
+
+
+def watch(client, bound: int, controller_gone: Callable[[], bool]) -> Watch | None:
     """Mend ``client`` when one of its sockets loses its connection while the controller runs
     (a message over ``bound`` was refused): what it awaits ends with :class:`ReplyTooLarge`,
-    and the socket connects again. Returns the watching thread, which ends with the client."""
-    monitors: dict[zmq.Socket, zmq.Socket] = {}
-    made = threading.Event()
+    and the socket connects again. Returns the running :class:`Watch` (None: not watched)."""
+    watching = Watch(client, bound, controller_gone)
+    made, given_up = threading.Event(), threading.Event()
 
     def make() -> None:
-        # On the client's IO thread, which owns its sockets.
+        # On the client's IO thread, which owns its sockets. Never once the caller has
+        # given up waiting: a monitor nobody reads would block the context's I/O thread.
         try:
-            for name in _WATCHED:
+            for name in () if given_up.is_set() else _WATCHED:
                 sock = getattr(client, name, None)
                 if sock is not None and not sock.closed:
-                    monitors[sock.get_monitor_socket(_EVENTS)] = sock
+                    # An address of its own: pyzmq's default is made from the socket's file
+                    # descriptor, which a later client's socket may get again.
+                    addr = f"inproc://jaxsys-reply-limit-{os.getpid()}-{next(_monitor_ids)}"
+                    watching.monitors[sock.get_monitor_socket(_EVENTS, addr)] = sock
         finally:
             made.set()
 
     client._io_loop.add_callback(make)
     if not made.wait(_SETUP_WAIT_S):
+        given_up.set()
         log.warning("the client's sockets could not be watched for refused messages")
         return None
-    thread = threading.Thread(
-        target=_watch_loop,
-        args=(client, monitors, bound, controller_gone),
-        name="jaxsys-reply-limit",
-        daemon=True,
-    )
-    thread.start()
-    return thread
+    watching.thread.start()
+    # What close_client stops before it closes anything.
+    client._jaxsys_watch = watching
+    return watching
 
 
 # A refused message ends the connection for good (ZeroMQ reconnects after other losses, and
@@ -182,29 +220,40 @@ SETTLE_S = 0.3
 RECONNECT_WAIT_S = 1.0
 
 
-def _watch_loop(client, monitors, bound, controller_gone) -> None:
+def _watch_loop(watching: Watch, bound, controller_gone) -> None:
+    client, monitors = watching.client, watching.monitors
     poller = zmq.Poller()
     for m in monitors:
         poller.register(m, zmq.POLLIN)
     # Per monitor of a socket whose connection ended: when, its endpoint, whether failed.
     lost: dict[zmq.Socket, list] = {}
-    try:
-        while not client._closed:
+    # Read until told to stop: a monitor's events must always find their reader (see
+    # close_client). A client closed some other way ends the thread but leaves the reading
+    # ends open, for the same reason.
+    while not watching.stopping.is_set() and not client._closed:
+        try:
             for mon, _ in poller.poll(_POLL_MS):
-                try:
-                    event = recv_monitor_message(mon, zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    continue
-                if event["event"] == zmq.EVENT_DISCONNECTED:
-                    endpoint = event["endpoint"].decode(errors="replace")
-                    lost[mon] = [time.monotonic(), endpoint, False]
-                else:
-                    # Connecting again on its own: not a refusal.
-                    lost.pop(mon, None)
+                _take_event(mon, lost)
             _settle(client, monitors, lost, bound, controller_gone)
-    finally:
+        except Exception:  # noqa: BLE001 - a bug here must not leave the monitors unread
+            log.exception("watching the client's sockets for refused messages")
+            time.sleep(_POLL_MS / 1000)
+    if watching.stopping.is_set():
         for m in monitors:
             m.close(linger=0)
+
+
+def _take_event(mon: zmq.Socket, lost: dict) -> None:
+    try:
+        event = recv_monitor_message(mon, zmq.NOBLOCK)
+    except zmq.ZMQError:
+        return
+    if event["event"] == zmq.EVENT_DISCONNECTED:
+        endpoint = event["endpoint"].decode(errors="replace")
+        lost[mon] = [time.monotonic(), endpoint, False]
+    else:
+        # Connecting again on its own (or its monitor stopped): not a refusal.
+        lost.pop(mon, None)
 
 
 def _settle(client, monitors, lost, bound, controller_gone) -> None:

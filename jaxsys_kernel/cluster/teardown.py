@@ -21,6 +21,7 @@ import psutil
 import zmq
 
 from .. import _compat
+from . import reply_limit
 from .pids import pid_alive as pid_alive  # the cluster's modules import it from here
 from .profile import controller_file, remove_profile
 
@@ -179,7 +180,7 @@ def kill(world) -> float:
     client, world.client, world.view = world.client, None, None
     if client is not None:
         try:
-            client.close(linger=0)
+            reply_limit.close_client(client)
         except Exception:  # noqa: BLE001 - the client may already be half-closed
             pass
     killpg_all(pids, engine_start_times(world.processes))

@@ -3,6 +3,8 @@ sockets it applies to."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import zmq
 
@@ -66,3 +68,73 @@ def test_a_reply_over_the_bound_never_reaches_the_dealer():
     finally:
         dealer.close(linger=0)
         router.close(linger=0)
+
+
+class _Client:
+    """What the watch uses of ipyparallel's client: a DEALER served by its own IO loop."""
+
+    def __init__(self, ctx: zmq.Context, port: int):
+        from tornado.ioloop import IOLoop
+
+        self._closed = False
+        self._mux_socket = ctx.socket(zmq.DEALER)
+        self._mux_socket.connect(f"tcp://127.0.0.1:{port}")
+        started = threading.Event()
+
+        def run():
+            self._io_loop = IOLoop()
+            self._io_loop.add_callback(started.set)
+            self._io_loop.start()
+
+        self._io_thread = threading.Thread(target=run, daemon=True)
+        self._io_thread.start()
+        assert started.wait(10)
+
+    def _stop_io_thread(self):
+        self._io_loop.add_callback(self._io_loop.stop)
+        self._io_thread.join(10)
+
+    def close(self, linger=None):
+        self._stop_io_thread()
+        self._mux_socket.close(linger=linger)
+        self._closed = True
+
+
+def _carries_messages(ctx: zmq.Context) -> bool:
+    """Whether ``ctx``'s I/O thread still moves a message from one socket to another."""
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send(b"ping")
+        return bool(router.poll(5_000))
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
+
+
+def test_a_stopped_watch_leaves_its_context_carrying_messages():
+    # A monitor sends from the context's I/O thread; were its reading end closed while it
+    # still ran, the next event (here: the peer going away) would block that thread for
+    # good, and every later client of the process would wait forever for its first answer.
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    client = _Client(ctx, port)
+    try:
+        watching = reply_limit.watch(client, 4096, lambda: True)
+        assert watching is not None and len(watching.monitors) == 1
+        watching.stop()
+        assert not watching.thread.is_alive()
+        peer.close(linger=0)  # a disconnect, while the watched socket still lives
+        assert _carries_messages(ctx)
+        # Two clients' monitors never share an address, even with the same descriptors.
+        again = reply_limit.watch(client, 4096, lambda: True)
+        assert again is not None and len(again.monitors) == 1
+        reply_limit.close_client(client)
+        assert client._closed and not again.thread.is_alive()
+        assert _carries_messages(ctx)
+    finally:
+        if not client._closed:
+            client.close(linger=0)
+        ctx.destroy(linger=0)
