@@ -15,6 +15,8 @@ import collections
 import queue
 import threading
 
+from ..cluster.reply_limit import OutputTooLarge
+
 # The longest an event that did not wake the main thread waits to be taken.
 LAG = 0.05
 # The iopub messages the cell machine reads; the rest (status, execute_input, ...) never
@@ -90,7 +92,12 @@ class Inbox:
         else:
             self.events.put_end((self.rank, "reply", future))
 
-    def idle(self, _future) -> None:
+    def idle(self, future) -> None:
+        error = future.exception()
+        if isinstance(error, OutputTooLarge):
+            # The process's output was cut short by the kernel's bound: said where it was cut.
+            said = {"msg_type": "stream"}, {"name": "stderr", "text": f"{error}\n"}
+            self.events.put((self.rank, "iopub", {"header": said[0], "content": said[1]}))
         self.events.put_end((self.rank, "idle", None))
 
     def attach(self, future) -> None:

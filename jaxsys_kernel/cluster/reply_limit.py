@@ -1,25 +1,25 @@
-"""The bound on the replies the kernel's ipyparallel client takes from the engines.
+"""The bound on what the kernel's ipyparallel client takes from the engines.
 
 Every result an engine returns (``%pull``, ``Cluster.call``, a cell's reply) reaches the
-kernel on the client's DEALER sockets, and ZeroMQ holds a whole message in the kernel's
-memory before ipyparallel unpickles it: one huge (or hostile) reply could exhaust that
-memory and take the cluster down with the kernel. So those sockets carry ZeroMQ's
-``MAXMSGSIZE``: a message part over :func:`limit` bytes is refused from its header, before
-its body is read.
+kernel on the client's DEALER sockets, and everything it prints or displays on the output
+channel (IOPub, a SUB socket). ZeroMQ holds a whole message in the kernel's memory before
+ipyparallel unpickles it: one huge (or hostile) message could exhaust that memory and take
+the cluster down with the kernel. So those sockets carry ZeroMQ's ``MAXMSGSIZE``: a message
+part over :func:`limit` bytes is refused from its header, before its body is read.
 
 ZeroMQ refuses it by ending the connection for good, and what was on it is lost, the reply
 ipyparallel waits for included: a wait that would never end. So each socket is watched (a
 ZeroMQ socket monitor); when one of them loses its connection while the controller still
 runs, every reply still awaited ends at once with :class:`ReplyTooLarge`, in words naming
 the limit and how to raise it, as ipyparallel ends those of an engine that died, and the
-socket connects again. The processes and the cluster stay up; the next cell works.
-
-The output channel (IOPub: printed text, displays) is not bounded here: a refusal there
-ends the connection the same way, and ipykernel's own sockets then failed in tests.
+socket connects again. A loss on the output channel ends only the outputs awaited
+(:class:`OutputTooLarge`): the replies still come, and a cell says which processes' output
+was cut. The processes and the cluster stay up; the next cell works.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -38,7 +38,13 @@ MAX_REPLY_BYTES = 2**30
 #: The environment variable that sets another bound (bytes), read when a cluster connects.
 ENV = "JAXSYS_MAX_REPLY_BYTES"
 # The client's sockets that carry what engines send (replies, results, output).
-_WATCHED = ("_mux_socket", "_task_socket", "_broadcast_socket", "_control_socket")
+_WATCHED = (
+    "_mux_socket",
+    "_task_socket",
+    "_broadcast_socket",
+    "_control_socket",
+    "_iopub_socket",
+)
 _POLL_MS = 200
 _SETUP_WAIT_S = 10.0
 log = logging.getLogger("jaxsys.cluster")
@@ -46,6 +52,10 @@ log = logging.getLogger("jaxsys.cluster")
 
 class ReplyTooLarge(ClusterError):
     """A message from an engine was over the kernel's bound, and what was awaited is lost."""
+
+
+class OutputTooLarge(ReplyTooLarge):
+    """Output from an engine was over the kernel's bound: the output awaited is cut short."""
 
 
 def limit() -> int:
@@ -89,15 +99,26 @@ def explain(bound: int) -> str:
     )
 
 
+def explain_output(bound: int) -> str:
+    """What :class:`OutputTooLarge` says: the bound, what was cut, and what to do."""
+    return (
+        f"output over the kernel's limit of {_size(bound)} ({bound} bytes, ${ENV}) was "
+        "refused: this process's output is cut short here (the processes and the cluster "
+        "are fine). Print or display less (write a large result "
+        f"to a file on the process), or raise the limit: set os.environ[{ENV!r}] to more "
+        "bytes, then %jaxsys stop and %jaxsys start"
+    )
+
+
 class _BoundedContext(zmq.Context):
-    """A context whose new DEALER sockets (the client's request and reply channels) refuse
-    message parts over :attr:`bound` bytes."""
+    """A context whose new DEALER and SUB sockets (the client's reply and output channels)
+    refuse message parts over :attr:`bound` bytes."""
 
     bound = MAX_REPLY_BYTES
 
     def socket(self, socket_type, *args, **kwargs):
         sock = super().socket(socket_type, *args, **kwargs)
-        if socket_type == zmq.DEALER:
+        if socket_type in (zmq.DEALER, zmq.SUB):
             sock.setsockopt(zmq.MAXMSGSIZE, self.bound)
         return sock
 
@@ -216,8 +237,23 @@ _EVENTS = (
 # How long a lost connection is left to come back on its own (ZeroMQ tries again after
 # 0.1 s), or to be seen as the controller's death, before what was on it counts as lost.
 SETTLE_S = 0.3
-# How long before a lost connection is made again.
+# How long before a lost reply connection is made again.
 RECONNECT_WAIT_S = 1.0
+# How long a remade output connection is given for its subscription to reach the controller:
+# output published before that is not delivered.
+SUBSCRIBED_S = 0.3
+
+
+@dataclasses.dataclass
+class _Loss:
+    """A watched socket's connection that ended."""
+
+    when: float
+    endpoint: str
+    output: bool  # the output channel's (IOPub), not a reply channel's
+    failed: bool = False  # what it awaited has been ended
+    remade: bool = False  # connected again by the watch
+    connected_at: float | None = None
 
 
 def _watch_loop(watching: Watch, bound, controller_gone) -> None:
@@ -225,15 +261,14 @@ def _watch_loop(watching: Watch, bound, controller_gone) -> None:
     poller = zmq.Poller()
     for m in monitors:
         poller.register(m, zmq.POLLIN)
-    # Per monitor of a socket whose connection ended: when, its endpoint, whether failed.
-    lost: dict[zmq.Socket, list] = {}
+    lost: dict[zmq.Socket, _Loss] = {}
     # Read until told to stop: a monitor's events must always find their reader (see
     # close_client). A client closed some other way ends the thread but leaves the reading
     # ends open, for the same reason.
     while not watching.stopping.is_set() and not client._closed:
         try:
             for mon, _ in poller.poll(_POLL_MS):
-                _take_event(mon, lost)
+                _take_event(mon, lost, monitors[mon] is getattr(client, "_iopub_socket", None))
             _settle(client, monitors, lost, bound, controller_gone)
         except Exception:  # noqa: BLE001 - a bug here must not leave the monitors unread
             log.exception("watching the client's sockets for refused messages")
@@ -243,34 +278,52 @@ def _watch_loop(watching: Watch, bound, controller_gone) -> None:
             m.close(linger=0)
 
 
-def _take_event(mon: zmq.Socket, lost: dict) -> None:
+def _take_event(mon: zmq.Socket, lost: dict, output: bool) -> None:
     try:
         event = recv_monitor_message(mon, zmq.NOBLOCK)
     except zmq.ZMQError:
         return
+    loss = lost.get(mon)
     if event["event"] == zmq.EVENT_DISCONNECTED:
-        endpoint = event["endpoint"].decode(errors="replace")
-        lost[mon] = [time.monotonic(), endpoint, False]
-    else:
+        if loss is None or not loss.remade:
+            lost[mon] = _Loss(time.monotonic(), event["endpoint"].decode(errors="replace"), output)
+    elif loss is not None and loss.remade:
+        # The output connection the watch made again: up once connected.
+        if event["event"] == zmq.EVENT_CONNECTED:
+            loss.connected_at = time.monotonic()
+    elif loss is not None and not loss.failed:
         # Connecting again on its own (or its monitor stopped): not a refusal.
-        lost.pop(mon, None)
+        del lost[mon]
 
 
 def _settle(client, monitors, lost, bound, controller_gone) -> None:
     now = time.monotonic()
-    for mon, entry in list(lost.items()):
-        when, endpoint, failed = entry
-        if now - when < SETTLE_S:
+    for mon, loss in list(lost.items()):
+        if now - loss.when < SETTLE_S:
             continue
         if controller_gone():
             # Not a refusal: the controller's death is reported on its own.
             del lost[mon]
-        elif not failed:
-            entry[2] = True
+        elif loss.output:
+            _settle_output(client, monitors[mon], lost, mon, loss, bound, now)
+        elif not loss.failed:
+            loss.failed = True
             client._io_loop.add_callback(fail_awaited, client, ReplyTooLarge(explain(bound)))
-        elif now - when >= RECONNECT_WAIT_S:
+        elif now - loss.when >= RECONNECT_WAIT_S:
             del lost[mon]
-            client._io_loop.add_callback(_connect_again, monitors[mon], endpoint)
+            client._io_loop.add_callback(_connect_again, monitors[mon], loss.endpoint)
+
+
+def _settle_output(client, sock, lost, mon, loss: _Loss, bound: int, now: float) -> None:
+    """Connect the output channel again at once, and end the outputs awaited only once it
+    carries output again: an output (a status that says a request is over) sent while it was
+    down never comes, and a request sent then must not wait for one."""
+    if not loss.remade:
+        loss.remade = True
+        client._io_loop.add_callback(_connect_again, sock, loss.endpoint)
+    elif loss.connected_at is not None and now - loss.connected_at >= SUBSCRIBED_S:
+        del lost[mon]
+        client._io_loop.add_callback(fail_outputs, client, OutputTooLarge(explain_output(bound)))
 
 
 def _connect_again(sock: zmq.Socket, endpoint: str) -> None:
@@ -310,10 +363,18 @@ def fail_awaited(client, error: Exception) -> int:
             msg["metadata"]["engine"] = uuid
             client._handle_apply_reply(msg)
             failed += 1
-    for future in list(client._output_futures.values()):
-        if not future.done():
-            # The output that was lost will not come: the request is over, and failed.
-            future.set_exception(error)
+    fail_outputs(client, error)
     if failed:
         log.warning("%s", error)
+    return failed
+
+
+def fail_outputs(client, error: Exception) -> int:
+    """End every output ``client`` still awaits with ``error`` (on its IO thread): what was
+    lost will not come, and the request's output is over; returns how many."""
+    failed = 0
+    for future in list(client._output_futures.values()):
+        if not future.done():
+            future.set_exception(error)
+            failed += 1
     return failed

@@ -1,6 +1,7 @@
-"""A reply over the kernel's bound ($JAXSYS_MAX_REPLY_BYTES, set small here) is refused
-before the kernel reads it: the cell that asked for it ends at once with an error naming the
-limit and how to raise it, and the kernel, the processes and the next cell are fine."""
+"""A reply or an output over the kernel's bound ($JAXSYS_MAX_REPLY_BYTES, set small here) is
+refused before the kernel reads it: the request that asked for the reply ends at once with an
+error naming the limit and how to raise it, a cell whose output was cut says so, and the
+kernel, the processes and the next cell are fine."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def test_a_reply_over_the_limit_is_an_error_in_words_and_the_next_cell_works():
         assert "[p0] rank 0" in out.stdout and "[p1] rank 1" in out.stdout, out.stdout
         out = k.execute("print(small + 1)")
         assert out.status == "ok" and "8" in out.stdout, out.stderr
+        # Output over the bound: the cell ends, saying whose output was cut and why.
+        t0 = time.monotonic()
+        out = k.execute(
+            f"%%multihost\nprint('y' * {3 * LIMIT} if jax.process_index() == 0 else 'small')",
+            timeout=ENDS_WITHIN_S,
+        )
+        took = time.monotonic() - t0
+        said = f"{out.stdout}\n{out.stderr}\n{out.error}"
+        assert "output over the kernel's limit of 1 MiB" in said, said[:2000]
+        assert "y" * 1000 not in said
+        assert took < ENDS_WITHIN_S, took
+        out = k.execute("%%multihost\nprint('after', jax.process_index())")
+        assert out.status == "ok", out.stderr
+        assert "[p0] after 0" in out.stdout and "[p1] after 1" in out.stdout, out.stdout
+        out = k.execute("print(small + 2)")
+        assert out.status == "ok" and "9" in out.stdout, out.stderr
     finally:
         k.shutdown()
         k.km.cleanup_resources()

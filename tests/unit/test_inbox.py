@@ -52,6 +52,25 @@ def test_only_what_the_cell_machine_reads_reaches_the_queue():
     ]
 
 
+def test_output_cut_short_by_the_bound_is_said_on_the_process_stderr():
+    from jaxsys_kernel.cluster.reply_limit import OutputTooLarge
+
+    events = Events(expected=2)
+    fut = request_future()
+    Inbox(events, rank=2).attach(fut)
+    fut.output.set_exception(OutputTooLarge("output over the kernel's limit"))
+    taken = drain(events)
+    assert [(r, k) for r, k, _ in taken] == [(2, "iopub"), (2, "idle")]
+    said = taken[0][2]
+    assert said["header"]["msg_type"] == "stream" and said["content"]["name"] == "stderr"
+    assert "output over the kernel's limit" in said["content"]["text"]
+    # Any other end of the output (a dead engine) adds nothing.
+    other = request_future()
+    Inbox(events, rank=1).attach(other)
+    other.output.set_exception(RuntimeError("engine died"))
+    assert [(r, k) for r, k, _ in drain(events)] == [(1, "idle")]
+
+
 def test_output_wakes_the_loop_and_the_end_of_a_process_only_with_the_last():
     events = Events(expected=4)
     first, second = request_future(), request_future()

@@ -37,20 +37,49 @@ def test_the_error_names_the_limit_and_how_to_raise_it():
     assert reply_limit.ENV in said and "%jaxsys start" in said
 
 
-def test_only_the_reply_sockets_are_bounded():
+def test_the_reply_and_output_sockets_are_bounded():
     ctx = reply_limit.bounded_context(5000)
-    dealer, sub = ctx.socket(zmq.DEALER), ctx.socket(zmq.SUB)
+    dealer, sub, pub = ctx.socket(zmq.DEALER), ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
     try:
         assert dealer.getsockopt(zmq.MAXMSGSIZE) == 5000
-        assert sub.getsockopt(zmq.MAXMSGSIZE) == -1
+        assert sub.getsockopt(zmq.MAXMSGSIZE) == 5000
+        # What the kernel sends is not ours to bound.
+        assert pub.getsockopt(zmq.MAXMSGSIZE) == -1
         # One context for the process; a later cluster's bound applies to its new sockets.
         assert reply_limit.bounded_context(7000) is ctx
         later = ctx.socket(zmq.DEALER)
         assert later.getsockopt(zmq.MAXMSGSIZE) == 7000
         later.close(linger=0)
     finally:
-        dealer.close(linger=0)
-        sub.close(linger=0)
+        for sock in (dealer, sub, pub):
+            sock.close(linger=0)
+
+
+class _Futures:
+    """The books fail_awaited and fail_outputs read: a client with one reply and one output
+    awaited."""
+
+    def __init__(self):
+        from concurrent.futures import Future
+
+        self.results = {}
+        self._outstanding_dict = {"engine-uuid": {"m1"}}
+        self.output = Future()
+        self._output_futures = {"m1": self.output}
+        self.handled = []
+
+    def _handle_apply_reply(self, msg):
+        self.handled.append(msg)
+
+
+def test_lost_output_ends_only_the_outputs_awaited():
+    client = _Futures()
+    error = reply_limit.OutputTooLarge(reply_limit.explain_output(2**20))
+    assert reply_limit.fail_outputs(client, error) == 1
+    assert client.output.exception() is error and client.handled == []
+    said = str(error)
+    assert "output over the kernel's limit of 1 MiB" in said and "cut short" in said
+    assert reply_limit.ENV in said and "%jaxsys start" in said
 
 
 def test_a_reply_over_the_bound_never_reaches_the_dealer():
