@@ -29,6 +29,9 @@ from .profile import controller_file, remove_profile
 KILL_WAIT_S = 3.0
 # How long the hub gets to drop unregistered engines from its list.
 UNREGISTER_WAIT_S = 5.0
+# How long the old engines' nannies get to tell the hub of their engines' deaths (a second or
+# two on a loaded machine) before the ids are freed without them.
+NANNY_WAIT_S = 5.0
 
 
 # -- processes on this machine -----------------------------------------------------------
@@ -216,13 +219,29 @@ async def kill_world(world) -> None:
     old_sets = set(launcher.engine_sets.values())
     old_launchers = [es for es in (launcher.engine_set(r) for r in world.ranks) if es]
     old_ids = {p.engine_id for p in world.processes}
+    # ipyparallel's nanny of an engine (remote engines have one) runs in a session of its
+    # own, outlives the kill, and then tells the hub that its engine's *id* is gone. Were
+    # that id freed first and given to the new world's engine, the hub would unregister the
+    # new engine under it: so theirs is waited for first.
+    nannies = sum(1 for p in world.processes if p.nanny_pid)
     await asyncio.to_thread(launcher.kill_engines, old_launchers, world.processes)
     if world.telemetry is not None:
         world.telemetry.reset()
     for set_id in old_sets:
         ipp.engines.pop(set_id, None)
+    if nannies:
+        await wait_dropped(world, old_ids, NANNY_WAIT_S)
     # Without this the hub frees the ids only after missed heartbeats, seconds later.
     await unregister(world, old_ids)
+
+
+async def wait_dropped(world, engine_ids: set[int], timeout: float) -> None:
+    """Wait (bounded, with progress) until the hub has dropped these engines."""
+    client, total = world.client, len(engine_ids)
+    deadline = time.monotonic() + timeout
+    while (left := engine_ids & set(client.ids)) and time.monotonic() < deadline:
+        world.report("old processes unregistered by their nannies", total - len(left), total)
+        await asyncio.sleep(0.05)
 
 
 async def unregister(world, engine_ids: set[int]) -> None:

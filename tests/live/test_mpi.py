@@ -160,24 +160,31 @@ def _start_sleep():
     return {"engine": os.getpid(), "child": subprocess.Popen(["sleep", "4321"]).pid}
 
 
-def test_what_cells_started_on_the_hosts_ends_with_stop(ssh_hosts, tag):
+def test_what_cells_started_on_the_hosts_ends_with_restart_and_with_stop(ssh_hosts, tag):
     hosts, hostfile = ssh_hosts
     c = Cluster(hosts=2, devices_per_host=1, launcher="mpi", controller_ip=hosts.bridge_address,
                 env={"JAX_PLATFORMS": "cpu", TAG_VAR: tag},
                 launcher_options={"hostfile": str(hostfile)}, progress=lambda e: None)  # fmt: skip
-    children = []
+
+    def gone(pids, what):
+        deadline = time.monotonic() + 15
+        while left := [p for p in pids if psutil.pid_exists(p) and _running(p)]:
+            assert time.monotonic() < deadline, f"{what} still run: {left}"
+            time.sleep(0.1)
+
+    second = []
     try:
         c.start_sync()
-        children = [m["child"] for m in c.world.view.apply_sync(_start_sleep)]
+        first = [m["child"] for m in c.world.view.apply_sync(_start_sleep)]
         # The children run inside the hosts (their network namespaces), not here.
         on_hosts = {p for ns in hosts.namespaces for p in netns.namespace_pids(ns)}
-        assert set(children) <= on_hosts
+        assert set(first) <= on_hosts
+        c.restart_sync()
+        gone(first, "children of the old world's ranks on the hosts")
+        second = [m["child"] for m in c.world.view.apply_sync(_start_sleep)]
     finally:
         c.kill()
-    deadline = time.monotonic() + 15
-    while left := [p for p in children if psutil.pid_exists(p) and _running(p)]:
-        assert time.monotonic() < deadline, f"children of the ranks on the hosts still run: {left}"
-        time.sleep(0.1)
+    gone(second, "children of the stopped world's ranks on the hosts")
 
 
 def _running(pid: int) -> bool:
