@@ -220,8 +220,11 @@ def test_misses_on_demand_then_clear_then_the_threshold_holds(world, capsys):
     run(
         cluster, "g = jax.jit(lambda v: jnp.cos(v) * 7 - 1)\ng(jnp.arange(5.0)).block_until_ready()"
     )
-    p0 = settled(cluster, since)[0]
-    assert "not written: its compile took" in p0.last_misses[-1]
-    assert "below the 600 s minimum" in p0.last_misses[-1]
+    # The cell's own compile, by its function: on a loaded machine an event of an earlier
+    # cell's compile may still arrive after it.
+    misses = [m for m in settled(cluster, since)[0].last_misses if "<lambda>" in m]
+    assert misses, settled(cluster, since)[0].last_misses
+    assert "not written: its compile took" in misses[-1], misses
+    assert "below the 600 s minimum" in misses[-1], misses
     out, _ = action(session, capsys)
     assert "entries: 0," in out
