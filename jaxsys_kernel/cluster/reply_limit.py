@@ -242,6 +242,9 @@ RECONNECT_WAIT_S = 1.0
 # How long a remade output connection is given for its subscription to reach the controller:
 # output published before that is not delivered.
 SUBSCRIBED_S = 0.3
+# How long a remade output connection may take to come up before the outputs awaited end
+# without it.
+OUTPUT_GIVE_UP_S = 5.0
 
 
 @dataclasses.dataclass
@@ -285,7 +288,9 @@ def _take_event(mon: zmq.Socket, lost: dict, output: bool) -> None:
         return
     loss = lost.get(mon)
     if event["event"] == zmq.EVENT_DISCONNECTED:
-        if loss is None or not loss.remade:
+        # Unless it is the watch's own connection failing before it was up (ZeroMQ tries
+        # again), a loss: also one of a remade connection (another refusal at once).
+        if loss is None or not loss.remade or loss.connected_at is not None:
             lost[mon] = _Loss(time.monotonic(), event["endpoint"].decode(errors="replace"), output)
     elif loss is not None and loss.remade:
         # The output connection the watch made again: up once connected.
@@ -318,12 +323,18 @@ def _settle_output(client, sock, lost, mon, loss: _Loss, bound: int, now: float)
     """Connect the output channel again at once, and end the outputs awaited only once it
     carries output again: an output (a status that says a request is over) sent while it was
     down never comes, and a request sent then must not wait for one."""
+    error = OutputTooLarge(explain_output(bound))
     if not loss.remade:
         loss.remade = True
         client._io_loop.add_callback(_connect_again, sock, loss.endpoint)
-    elif loss.connected_at is not None and now - loss.connected_at >= SUBSCRIBED_S:
-        del lost[mon]
-        client._io_loop.add_callback(fail_outputs, client, OutputTooLarge(explain_output(bound)))
+    elif loss.connected_at is not None:
+        if now - loss.connected_at >= SUBSCRIBED_S:
+            del lost[mon]
+            client._io_loop.add_callback(fail_outputs, client, error)
+    elif now - loss.when >= OUTPUT_GIVE_UP_S:
+        # Not up again: what is awaited ends now, and connecting is tried anew.
+        client._io_loop.add_callback(fail_outputs, client, error)
+        lost[mon] = _Loss(now, loss.endpoint, output=True)
 
 
 def _connect_again(sock: zmq.Socket, endpoint: str) -> None:

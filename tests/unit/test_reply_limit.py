@@ -3,6 +3,7 @@ sockets it applies to."""
 
 from __future__ import annotations
 
+import struct
 import threading
 
 import pytest
@@ -167,3 +168,67 @@ def test_a_stopped_watch_leaves_its_context_carrying_messages():
         if not client._closed:
             client.close(linger=0)
         ctx.destroy(linger=0)
+
+
+class _Loop:
+    def __init__(self):
+        self.calls = []
+
+    def add_callback(self, fn, *args):
+        self.calls.append((fn.__name__, args))
+
+
+def _output_client():
+    client = _Futures()
+    client._io_loop, client._iopub_socket = _Loop(), object()
+    return client
+
+
+def _event(kind: int) -> list[bytes]:
+    """A monitor's message as ZeroMQ sends it: the event and its value, then the endpoint."""
+    return [struct.pack("=hi", kind, 0), b"tcp://127.0.0.1:5555"]
+
+
+def test_a_lost_output_channel_is_remade_at_once_and_outputs_end_once_it_is_up():
+    client = _output_client()
+    lost = {}
+    ctx = zmq.Context()
+    reader, writer = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    mon, monitors = reader, {reader: client._iopub_socket}
+    try:
+        reader.bind("inproc://events")
+        writer.connect("inproc://events")
+
+        def feed(kind):
+            writer.send_multipart(_event(kind))
+            assert reader.poll(1000)
+            reply_limit._take_event(reader, lost, output=True)
+
+        feed(zmq.EVENT_DISCONNECTED)
+        loss = lost[mon]
+        loss.when -= reply_limit.SETTLE_S
+        reply_limit._settle(client, monitors, lost, 2**20, lambda: False)
+        assert [c for c, _ in client._io_loop.calls] == ["_connect_again"] and loss.remade
+        # Its own connection failing before it is up changes nothing; once up, and the
+        # subscription given its time, the outputs awaited end.
+        feed(zmq.EVENT_DISCONNECTED)
+        assert lost[mon] is loss
+        feed(zmq.EVENT_CONNECTED)
+        loss.connected_at -= reply_limit.SUBSCRIBED_S
+        reply_limit._settle(client, monitors, lost, 2**20, lambda: False)
+        assert [c for c, _ in client._io_loop.calls][-1] == "fail_outputs" and not lost
+        # A connection that never comes up: the outputs end anyway, and it is tried anew.
+        stuck = reply_limit._Loss(0.0, "tcp://127.0.0.1:5555", output=True, remade=True)
+        lost[mon] = stuck
+        reply_limit._settle(client, monitors, lost, 2**20, lambda: False)
+        assert [c for c, _ in client._io_loop.calls][-1] == "fail_outputs"
+        assert lost[mon] is not stuck and not lost[mon].remade
+        # The controller's death is no refusal: nothing is ended or remade.
+        lost[mon].when -= reply_limit.SETTLE_S
+        before = len(client._io_loop.calls)
+        reply_limit._settle(client, monitors, lost, 2**20, lambda: True)
+        assert not lost and len(client._io_loop.calls) == before
+    finally:
+        reader.close(linger=0)
+        writer.close(linger=0)
+        ctx.term()
