@@ -223,7 +223,7 @@ async def kill_world(world) -> None:
     # own, outlives the kill, and then tells the hub that its engine's *id* is gone. Were
     # that id freed first and given to the new world's engine, the hub would unregister the
     # new engine under it: so theirs is waited for first.
-    nannies = sum(1 for p in world.processes if p.nanny_pid)
+    nannies = any(p.nanny_pid for p in world.processes)
     await asyncio.to_thread(launcher.kill_engines, old_launchers, world.processes)
     if world.telemetry is not None:
         world.telemetry.reset()
@@ -240,7 +240,7 @@ async def wait_dropped(world, engine_ids: set[int], timeout: float) -> None:
     client, total = world.client, len(engine_ids)
     deadline = time.monotonic() + timeout
     while (left := engine_ids & set(client.ids)) and time.monotonic() < deadline:
-        world.report("old processes unregistered by their nannies", total - len(left), total)
+        world.report("old processes unregistered", total - len(left), total)
         await asyncio.sleep(0.05)
 
 
@@ -249,9 +249,7 @@ async def unregister(world, engine_ids: set[int]) -> None:
     it has dropped them, so their ids are free for new processes."""
     client = world.client
     send_unregistration(world, set(engine_ids) & set(client.ids))
-    deadline = time.monotonic() + UNREGISTER_WAIT_S
-    while engine_ids & set(client.ids) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_dropped(world, set(engine_ids), UNREGISTER_WAIT_S)
 
 
 def send_unregistration(world, engine_ids: set[int]) -> None:
