@@ -187,15 +187,17 @@ def summary(kind: str, rows: list[dict], productive: float) -> str:
     """One line per fault kind; ``productive``: the reference's seconds for the steps."""
 
     def stat(key):
-        vals = [r[key] for r in rows if r[key] is not None]
-        return f"{max(vals):.2f}" if vals else "-"
+        vals = sorted(r[key] for r in rows if r[key] is not None)
+        return f"{vals[len(vals) // 2]:.2f} ({max(vals):.2f})" if vals else "-"
 
     equal = sum(r["equal"] for r in rows)
     line = (
-        f"{kind:5} trials {len(rows)}  detected <= {stat('detect')} s  "
-        f"restart <= {stat('restart')} s  next good step <= {stat('next_good')} s  recomputed <= "
+        f"{kind:5} trials {len(rows)}, median (max):  detected {stat('detect')} s  "
+        f"restart {stat('restart')} s  next good step {stat('next_good')} s  recomputed <= "
         f"{max(r['recomputed'] for r in rows)} steps  bitwise equal {equal}/{len(rows)}"
         f"  goodput >= {min(productive / r['wall'] for r in rows):.2f}"
+        f"  next good step <= 5 s: {sum(r['next_good'] is not None and r['next_good'] <= 5 for r in rows)}"
+        f"/{len(rows)}"
     )
     if kind == "term":
         # Counted only when every process stopped at the sync point, at one step.
@@ -218,6 +220,11 @@ def main() -> None:
         "--heartbeat", type=float, default=3.0, help="JAX's heartbeat timeout (stop's detection)"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--spare-world",
+        action="store_true",
+        help="restart by swapping in a spare world already joined to JAX (else: the standby)",
+    )
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if set(kinds) - set(SIGNALS):
@@ -229,13 +236,16 @@ def main() -> None:
             hosts=args.hosts,
             devices_per_host=args.devices,
             heartbeat_timeout=args.heartbeat,
+            spare_world=args.spare_world,
             progress=lambda e: None,
         )
         cluster.start_sync()
         try:
             executor.raise_for_run(executor.execute(cluster, SETUP, sink=Timed()))
             ref, rate = reference(cluster, args, tmp)
-            print(f"{args.hosts} x {args.devices}: {rate:.1f} steps/s (reference, after step 1)")
+            path = "spare world" if args.spare_world else "standby"
+            print(f"{args.hosts} x {args.devices}: {rate:.1f} steps/s (reference, after step 1); "
+                  f"restarts from the {path}")  # fmt: skip
             for kind in kinds:
                 rows = [trial(cluster, args, kind, ref, tmp) for _ in range(args.trials)]
                 for r in rows:

@@ -15,6 +15,9 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
 3. **Readiness gate** (``--import-delay S``, 0 skips it): a cluster of ``--hosts``
    processes whose last process waits ``S`` seconds before importing JAX, started with
    ``--init-timeout`` seconds (``--starts`` times): starts that succeeded, and their time.
+4. **A death in JAX's own join** (``--join-deaths N``, 0 skips it): past the readiness gate,
+   once every process has been asked to join, the last one gets SIGKILL; the time until the
+   start's error names it (JAX's initialisation timeout is 60 s, its heartbeat 3 s).
 
 The issue's figures: ``--trials 40`` at ``--hosts 8`` and ``--hosts 32`` (needs a machine
 with as many cores; on 2 cores the numbers say more about the scheduler than the view).
@@ -22,7 +25,8 @@ with as many cores; on 2 cores the numbers say more about the scheduler than the
 Usage
 -----
 ``python bench/stragglers.py [--hosts N] [--trials N] [--undisturbed N] [--ms N] [--reps N]
-[--seed N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]``
+[--seed N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]
+[--join-deaths N]``
 """
 
 from __future__ import annotations
@@ -144,6 +148,39 @@ def gate(hosts: int, delay: float, init_timeout: float, starts: int, register_ti
     )
 
 
+def join_deaths(hosts: int, starts: int, heartbeat: float = 3.0) -> None:
+    """Kill the last process once the kernel has asked every process to join JAX; the time
+    from the kill to the start's error naming it (target: JAX's heartbeat + 1 s)."""
+    import signal  # Deferred: only this measurement sends signals.
+
+    took, named = [], 0
+    for _ in range(starts):
+        killed: list[float] = []
+        box: dict = {}
+
+        def progress(event, killed=killed, box=box):
+            if event.stage == "processes initialised" and event.done == 0 and not killed:
+                killed.append(time.perf_counter())
+                os.kill(box["c"].world.processes[hosts - 1].pid, signal.SIGKILL)
+
+        c = Cluster(hosts=hosts, devices_per_host=1, progress=progress, init_timeout=60,
+                    heartbeat_timeout=heartbeat)  # fmt: skip
+        box["c"] = c
+        try:
+            c.start_sync()
+            print("    the start succeeded although a process was killed")
+        except Exception as e:  # noqa: BLE001 - the error is what is measured
+            took.append(time.perf_counter() - killed[0])
+            named += f"process {hosts - 1} exited with code -9" in str(e)
+        finally:
+            c.kill()
+    if took:
+        print(
+            f"death in JAX's join (p{hosts - 1} SIGKILLed, heartbeat {heartbeat:g} s): reported "
+            f"in {statistics.median(took):.2f} s median, {max(took):.2f} s max; named {named}/{starts}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
@@ -158,6 +195,7 @@ def main() -> None:
     # The start's own deadline (registration and readiness): an import delay longer than
     # the default (60 s + 0.5 s per process) needs a longer one; JAX's timeout stays short.
     ap.add_argument("--register-timeout", type=float, default=None)
+    ap.add_argument("--join-deaths", type=int, default=3, help="starts with a death in the join")
     opts = ap.parse_args()
     cluster = Cluster(hosts=opts.hosts, devices_per_host=1, progress=lambda e: None)
     cluster.start_sync()
@@ -172,6 +210,8 @@ def main() -> None:
         cluster.kill()
     if opts.import_delay > 0:
         gate(opts.hosts, opts.import_delay, opts.init_timeout, opts.starts, opts.register_timeout)
+    if opts.join_deaths > 0:
+        join_deaths(opts.hosts, opts.join_deaths)
     print("load average: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 

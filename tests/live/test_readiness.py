@@ -60,3 +60,25 @@ def test_a_process_dying_while_the_others_wait_for_it_is_named_at_once(tag):
     assert took < 10, (took, str(info.value))
     assert c.state == "stopped"
     assert not wait_no_processes(tag, timeout=10)
+
+
+def test_a_process_dying_in_jaxs_own_join_is_named_within_the_heartbeat(tag):
+    # Past the readiness gate every process has been asked to join; p1 dies there, and p0
+    # would wait for it until JAX's own initialisation timeout (60 s here) without jaxsys.
+    killed = []
+
+    def progress(event):
+        if event.stage == "processes initialised" and event.done == 0 and not killed:
+            killed.append(time.monotonic())
+            os.kill(c.world.processes[1].pid, signal.SIGKILL)
+
+    c = Cluster(
+        hosts=2, devices_per_host=1, progress=progress, init_timeout=60, heartbeat_timeout=3
+    )
+    with pytest.raises(ClusterStartError, match="process 1 exited with code -9") as info:
+        c.start_sync()
+    took = time.monotonic() - killed[0]
+    assert took <= 3 + 1, (took, str(info.value))
+    assert "killed by SIGKILL" in str(info.value)
+    assert c.state == "stopped"
+    assert not wait_no_processes(tag, timeout=10)
