@@ -11,7 +11,10 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    category over those 5 steps. ``--undisturbed`` trials (as many by default) count a
    false name.
 2. **Cost**, as a ratio measured side by side in one run (A B A B ...): a cell of 20 steps
-   with the step records on and off. Median cell time with / without.
+   with the step records on and off. Median cell time with / without. Twice: for a loop
+   that dispatches its steps ahead (the records wait at each step's end, so the host no
+   longer runs ahead of the devices: the worst case) and for one that waits for each step
+   (as a loop printing its loss does).
 3. **Readiness gate** (``--import-delay S``, 0 skips it): a cluster of ``--hosts``
    processes whose last process waits ``S`` seconds before importing JAX, started with
    ``--init-timeout`` seconds (``--starts`` times): starts that succeeded, and their time.
@@ -58,6 +61,9 @@ def step(w, x):
     return w - 1e-3 * g
 """
 STEPS = "for _ in range({n}):\n    w = step(w, x)\nw.block_until_ready()\n"
+# A loop that waits for each step, as one that prints its loss every step does: the
+# records' own wait at each step's end (engine/arrivals.py) then costs no overlap.
+SYNCED = "for _ in range({n}):\n    w = step(w, x)\n    w.block_until_ready()\n"
 
 
 def run(cluster, code: str) -> float:
@@ -95,7 +101,7 @@ def naming(cluster, trials: int, undisturbed: int, ms: float, rng: random.Random
             right += got == (p, where)
             if got != (p, where):
                 print(f"    p{p} delayed in {where}: named {got}")
-        print(f"  {where:8s} named right {right}/{trials} ({100 * right / trials:.0f} %)")
+        print(f"  {where:8s} named right {right}/{trials} ({100 * right / max(1, trials):.0f} %)")
     false = 0
     for _ in range(undisturbed):
         got = trial(cluster, None, ms, "host")
@@ -106,7 +112,13 @@ def naming(cluster, trials: int, undisturbed: int, ms: float, rng: random.Random
 
 
 def cost(cluster, reps: int) -> None:
-    code = STEPS.format(n=20)
+    """Both loops of :data:`STEPS` and :data:`SYNCED`, records on against off."""
+    for loop, label in ((STEPS, "steps dispatched ahead"), (SYNCED, "each step waited for")):
+        _cost(cluster, reps, loop, label)
+
+
+def _cost(cluster, reps: int, loop: str, label: str) -> None:
+    code = loop.format(n=20)
     on, off = [], []
     for i in range(reps + 1):
         call(cluster, cluster.ranks, arrivals.enable)
@@ -117,7 +129,10 @@ def cost(cluster, reps: int) -> None:
             on.append(a)
             off.append(b)
     a, b = statistics.median(on), statistics.median(off)
-    print(f"cost: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, ratio {a / b:.3f}")
+    print(
+        f"cost, {label}: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, "
+        f"ratio {a / b:.3f}"
+    )
 
 
 def gate(hosts: int, delay: float, init_timeout: float, starts: int, register_timeout=None) -> None:
@@ -204,7 +219,8 @@ def main() -> None:
         call(cluster, cluster.ranks, arrivals.enable)
         run(cluster, STEPS.format(n=5))  # compiles the step
         quiet = opts.trials if opts.undisturbed is None else opts.undisturbed
-        naming(cluster, opts.trials, quiet, opts.ms, random.Random(opts.seed))
+        if opts.trials or quiet:
+            naming(cluster, opts.trials, quiet, opts.ms, random.Random(opts.seed))
         cost(cluster, opts.reps)
     finally:
         cluster.kill()

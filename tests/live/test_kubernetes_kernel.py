@@ -145,3 +145,33 @@ def test_a_killed_kernels_world_is_gone_after_its_ttl(k8s, tag):
         assert took < TTL_S + DRAIN_S
     finally:
         k.shutdown()
+
+
+def test_a_kernel_pods_worlds_are_its_own_and_go_when_it_is_deleted(k8s, tag):
+    # The kernel runs "in" a pod the test kubelet does not run (it is already Running).
+    kernel_pod = k8s.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "notebook-0"},
+            "spec": {"containers": []},
+            "status": {"phase": "Running", "podIP": "127.0.0.254"},
+        }
+    )
+    conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
+    env = {"KUBECONFIG": str(conf), "POD_NAME": "notebook-0", "POD_NAMESPACE": "default"}
+    k = Kernel(tag, extra_env=env)
+    try:
+        out = k.execute(f"{START} --hosts 2 --ttl-after-finished 600", timeout=180)
+        assert out.status == "ok", (out.error, out.stderr)
+        assert "owned by the kernel's pod notebook-0" in out.progress, out.progress
+        [job] = k8s.api.list("Job", "default")
+        [owner] = job["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("Pod", kernel_pod["metadata"]["uid"])
+        # Deleting the kernel's pod deletes its world at once (the TTL is 10 minutes), as
+        # the cluster's garbage collector does; then the kubelet ends the kernel.
+        k8s.api.delete("Pod", "default", "notebook-0")
+        os.kill(k.pid, signal.SIGKILL)
+        assert _nothing_left(k8s, tag, None, DRAIN_S) < DRAIN_S
+    finally:
+        k.shutdown()

@@ -85,3 +85,26 @@ def test_an_ended_pod_gives_its_reason_and_exit_code():
     assert kubernetes_api.why_ended(_pod("Failed", statuses=[killed])) == (
         "Failed; OOMKilled, exit code 137"
     )
+
+
+def test_the_kernels_pod_is_found_from_the_downward_api_or_its_hostname(monkeypatch, tmp_path):
+    for var in ("POD_NAME", "POD_NAMESPACE", "KUBERNETES_SERVICE_HOST", "HOSTNAME"):
+        monkeypatch.delenv(var, raising=False)
+    # Outside a pod: no owner, and nothing to say.
+    assert kubernetes_api.own_pod_name() is None
+    assert kubernetes_api.own_pod_owner(None, "default") == (None, "")
+    monkeypatch.setenv("POD_NAME", "notebook-0")
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    assert kubernetes_api.own_pod_name() == ("notebook-0", "ml")
+    # An owner must share its objects' namespace: said, and no reference made.
+    ref, note = kubernetes_api.own_pod_owner(None, "default")
+    assert ref is None and "namespace ml" in note and "default" in note, note
+    # In a pod without the downward API: the hostname, and the service account's namespace.
+    monkeypatch.delenv("POD_NAME")
+    monkeypatch.delenv("POD_NAMESPACE")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("HOSTNAME", "hub-user-1")
+    ns_file = tmp_path / "namespace"
+    ns_file.write_text("jhub\n")
+    monkeypatch.setattr(kubernetes_api, "SERVICE_ACCOUNT_NAMESPACE", str(ns_file))
+    assert kubernetes_api.own_pod_name() == ("hub-user-1", "jhub")

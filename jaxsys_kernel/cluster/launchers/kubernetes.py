@@ -150,6 +150,7 @@ class KubernetesLauncher(Launcher):
         if self.worlds is None:
             self.worlds = PodWorlds(self.config.launcher_options, self.config.nprocs)
         timeout = float(self.config.register_timeout)
+        said_owner = self.worlds.owner_note is not None
         self.worlds.make(
             self.ipp.cluster_id,
             ctx.incarnation,
@@ -159,6 +160,8 @@ class KubernetesLauncher(Launcher):
             timeout,
             self.nanny_args(),
         )
+        if not said_owner and self.worlds.owner_note:
+            report(f"Kubernetes worlds: {self.worlds.owner_note}", 0, self.config.nprocs)
         self.worlds.wait_running(report, timeout)
 
     def _engine_fields(self, rank, ctx) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from .kubernetes_manifests import JOB_INDEX_LABEL, WORLD_LABEL
 
 #: The label an Indexed Job puts on each pod: its completion index.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+#: Where a pod's service account names the pod's namespace.
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # Seconds between looks at a world's pods while it is deleted.
 _GONE_POLL_S = 0.1
 
@@ -61,6 +63,55 @@ def owned_by(manifest: Mapping[str, Any], uid: str) -> dict[str, Any]:
         "name": manifest["metadata"]["name"],
         "uid": uid,
     }
+
+
+def own_pod_name() -> tuple[str, str | None] | None:
+    """``(name, namespace)`` of the pod this process runs in, or None outside one.
+
+    The name comes from ``$POD_NAME`` (the downward API; docs/clusters.md's kernel pod sets
+    it), else from the hostname when ``$KUBERNETES_SERVICE_HOST`` says this is a pod; the
+    namespace from ``$POD_NAMESPACE`` or the pod's service account (None when unknown).
+    """
+    name = os.environ.get("POD_NAME")
+    if not name and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        name = os.environ.get("HOSTNAME") or os.uname().nodename
+    if not name:
+        return None
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        try:
+            namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip() or None
+        except OSError:
+            namespace = None
+    return name, namespace
+
+
+def own_pod_owner(api, namespace: str) -> tuple[dict[str, Any] | None, str]:
+    """An ownerReference to this process's own pod, for objects made in ``namespace``, and
+    a line saying what was found (the reference is None when there is none to make; the line
+    is empty outside a pod).
+
+    Owners must live in their objects' namespace, so a pod of another namespace owns
+    nothing; a pod the API does not show (no right to read it) neither.
+    """
+    from kubernetes import client  # Deferred: as in api_client
+    from kubernetes.client.rest import ApiException  # Deferred: as in api_client
+
+    found = own_pod_name()
+    if found is None:
+        return None, ""  # outside the cluster: nothing to say
+    name, pod_ns = found
+    if pod_ns is not None and pod_ns != namespace:
+        return None, (
+            f"the kernel's pod {name} is in namespace {pod_ns}, the world in {namespace}: "
+            "an owner must share its objects' namespace, so the world has none"
+        )
+    try:
+        pod = client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+    except ApiException as e:
+        return None, f"the kernel's pod {name} could not be read ({e.status} {e.reason})"
+    ref = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid}
+    return ref, f"owned by the kernel's pod {name}: deleting it deletes the world"
 
 
 def delete(api, manifests: Sequence[Mapping[str, Any]], who: str = "jaxsys") -> None:

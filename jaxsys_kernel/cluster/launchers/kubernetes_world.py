@@ -100,6 +100,9 @@ class PodWorlds:
         self.name: str | None = None
         self._pods: dict[int, Any] = {}
         self._last_poll = 0.0
+        # The kernel's own pod as the owner of every world, once looked up.
+        self._owner: dict[str, Any] | None = None
+        self.owner_note: str | None = None
 
     @property
     def client(self):
@@ -134,12 +137,23 @@ class PodWorlds:
         top["spec"]["ttlSecondsAfterFinished"] = ttl
         # The last world's pods say nothing of this one's: the next look lists them anew.
         self.manifests, self.name, self._pods, self._last_poll = manifests, name, {}, 0.0
+        owner = self.kernel_owner()
+        if owner is not None:
+            # A deleted kernel pod takes its world with it at once, not after the TTL.
+            top["metadata"]["ownerReferences"] = [owner]
         [uid] = api.create(self.client, [top])
         rest = [m for m in manifests if m is not top]
         for m in rest:
             m["metadata"]["ownerReferences"] = [api.owned_by(top, uid)]
         # Pods wait for their Secret (a kubelet retries the mount until it exists).
         api.create(self.client, rest)
+
+    def kernel_owner(self) -> dict[str, Any] | None:
+        """The ownerReference to the kernel's own pod every world gets (looked up once;
+        ``owner_note`` says what was found)."""
+        if self.owner_note is None:
+            self._owner, self.owner_note = api.own_pod_owner(self.client, self.namespace)
+        return self._owner
 
     def wait_running(self, report: Callable[[str, int, int], None], timeout: float) -> None:
         """Wait until every pod runs, reporting how many do and why the others wait.
