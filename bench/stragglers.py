@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import statistics
 import time
 
@@ -163,32 +164,38 @@ def gate(hosts: int, delay: float, init_timeout: float, starts: int, register_ti
     )
 
 
+def _join_death(hosts: int, heartbeat: float) -> tuple[float, str] | None:
+    """One start whose last process gets SIGKILL once every process was asked to join JAX:
+    the seconds from the kill to the start's error, and the error (None: no kill or no error).
+    """
+    killed: list[float] = []
+
+    def progress(event):
+        if event.stage == "processes initialised" and event.done == 0 and not killed:
+            killed.append(time.perf_counter())
+            os.kill(c.world.processes[hosts - 1].pid, signal.SIGKILL)
+
+    c = Cluster(hosts=hosts, devices_per_host=1, progress=progress, init_timeout=60,
+                heartbeat_timeout=heartbeat)  # fmt: skip
+    try:
+        c.start_sync()
+        print("    the start succeeded although a process was killed")
+        return None
+    except Exception as e:  # noqa: BLE001 - the error is what is measured
+        if not killed:
+            print(f"    the start failed before the join: {str(e).splitlines()[0]}")
+            return None
+        return time.perf_counter() - killed[0], str(e)
+    finally:
+        c.kill()
+
+
 def join_deaths(hosts: int, starts: int, heartbeat: float = 3.0) -> None:
     """Kill the last process once the kernel has asked every process to join JAX; the time
     from the kill to the start's error naming it (target: JAX's heartbeat + 1 s)."""
-    import signal  # Deferred: only this measurement sends signals.
-
-    took, named = [], 0
-    for _ in range(starts):
-        killed: list[float] = []
-        box: dict = {}
-
-        def progress(event, killed=killed, box=box):
-            if event.stage == "processes initialised" and event.done == 0 and not killed:
-                killed.append(time.perf_counter())
-                os.kill(box["c"].world.processes[hosts - 1].pid, signal.SIGKILL)
-
-        c = Cluster(hosts=hosts, devices_per_host=1, progress=progress, init_timeout=60,
-                    heartbeat_timeout=heartbeat)  # fmt: skip
-        box["c"] = c
-        try:
-            c.start_sync()
-            print("    the start succeeded although a process was killed")
-        except Exception as e:  # noqa: BLE001 - the error is what is measured
-            took.append(time.perf_counter() - killed[0])
-            named += f"process {hosts - 1} exited with code -9" in str(e)
-        finally:
-            c.kill()
+    got = [r for r in (_join_death(hosts, heartbeat) for _ in range(starts)) if r]
+    took = [t for t, _ in got]
+    named = sum(f"process {hosts - 1} exited with code -9" in why for _, why in got)
     if took:
         print(
             f"death in JAX's join (p{hosts - 1} SIGKILLed, heartbeat {heartbeat:g} s): reported "

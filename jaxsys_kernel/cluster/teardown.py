@@ -237,10 +237,12 @@ async def kill_world(world) -> None:
 
 async def wait_dropped(world, engine_ids: set[int], timeout: float) -> None:
     """Wait (bounded, with progress) until the hub has dropped these engines."""
-    client, total = world.client, len(engine_ids)
+    client, total, said = world.client, len(engine_ids), None
     deadline = time.monotonic() + timeout
     while (left := engine_ids & set(client.ids)) and time.monotonic() < deadline:
-        world.report("old processes unregistered", total - len(left), total)
+        if len(left) != said:  # said when it changes, not at every look
+            said = len(left)
+            world.report("old processes unregistered", total - said, total)
         await asyncio.sleep(0.05)
 
 
