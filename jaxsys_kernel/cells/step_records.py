@@ -9,13 +9,15 @@ the analysis reads are kept. A record that fails is refused with a reason in wor
 Fields (seconds; ``start``, ``dispatch`` and ``end`` on the process's own wall clock):
 
 - ``step``: the dispatch's number in the cell, from 0;
-- ``start``: when the process began the work leading to this dispatch (the previous
-  dispatch returned, or the cell began);
+- ``start``: when the process began the work leading to this dispatch: the previous call
+  returned (or the cell began), or the previous step ended on the devices if that was later
+  (a loop that dispatches ahead queues its steps behind each other);
 - ``input``: of that, time spent in the input pipeline;
 - ``compile``: time compiling the executable before it ran (0 when cached);
 - ``compute``: device time this process needed before it could enter the collective
   (0 when not measured);
-- ``dispatch``: when the call was made; ``end``: when it returned.
+- ``dispatch``: when the call was made, or ``start`` if later; ``end``: when the arrays
+  the call left computing were ready.
 """
 
 from __future__ import annotations

@@ -2,12 +2,18 @@
 view's engine side.
 
 While switched on (:func:`enable`), every call a cell's own code makes to a jitted function
-whose first argument spans processes is one step: the recorder notes when the work leading to it
-began (the previous step returned, or the cell began), the time spent in the input pipeline
-(:func:`note_input`) and compiling (JAX's compile-duration events) and when the call was
-made, then waits for the arrays still being computed (its result among them) and notes when. That wait holds the process at
-the step's end as the collective inside it would at the next one, so that time spent
-waiting for the others is counted inside the step, not in the next step's host time.
+whose first argument spans processes is one step: the recorder notes when the host began the
+work leading to it (the previous call returned, or the cell began), the time spent in the
+input pipeline (:func:`note_input`) and compiling (JAX's compile-duration events) and when
+the call was made. The step's end is when the arrays still being computed at its return
+(its result among them) are ready, stamped by a thread of its own (:mod:`.step_ends`) so
+that a loop keeps dispatching ahead of its devices.
+
+A loop that dispatches ahead queues its steps on the devices: a step can begin only once
+the host made the call *and* the previous step ended. So a record's ``start`` is the later
+of the host's start and the previous step's end, and its ``dispatch`` no earlier than that.
+Time spent waiting for the others inside a collective is then counted inside the step, not
+in the next step's host time, whether or not the loop reads its results.
 
 The calls are seen through Python's own monitoring (:mod:`sys.monitoring`, a ``CALL`` event
 per call site and ``C_RETURN``), switched off at the first look for every call site outside a
@@ -22,19 +28,24 @@ each step's dispatch, in host code, in the input pipeline's account, or in its c
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 
 from IPython import get_ipython
 
 from .state import STATE
+from .step_ends import StepEnds, wait_arrays
 
 # Steps kept per cell; later ones are counted in ``dropped``.
 MAX_STEPS = 100_000
 # Longest injected delay, in milliseconds (a minute).
 MAX_DELAY_MS = 60_000
+# Seconds records() waits for the ends of steps still running when the kernel asks.
+DRAIN_SECONDS = 3.0
 WHERE = ("host", "input", "compute")
 _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -60,16 +71,16 @@ def _spans_processes(result) -> bool:
     return any(not getattr(leaf, "is_fully_addressable", True) for leaf in leaves)
 
 
-def _ready(_seen) -> None:
-    """Wait for every array this process is still computing, the call's result among them.
+def _unfinished() -> list:
+    """The arrays this process is still computing, the call's result among them.
 
     The monitoring event that ends a call hands over its first argument, not what it
-    returned (and a jitted call returns before its devices finish), so the result is waited
-    for among the process's live arrays: at that moment it is one of them.
+    returned (and a jitted call returns before its devices finish), so the result is found
+    among the process's live arrays: at that moment it is one of them.
     """
     import jax  # Deferred: as in _spans_processes.
 
-    jax.block_until_ready([a for a in jax.live_arrays() if not a.is_ready()])
+    return [a for a in jax.live_arrays() if not a.is_ready()]
 
 
 class Recorder:
@@ -81,32 +92,48 @@ class Recorder:
         Wall clock in seconds (the kernel corrects it by the measured offset).
     spans : callable
         ``spans(arg)``: whether a call's first argument spans processes (a step).
-    ready : callable
-        ``ready(result)``: waits for the result's devices to finish.
+    unfinished : callable
+        ``unfinished()``: the arrays a step's end waits for, taken as its call returns.
+    wait : callable
+        ``wait(arrays)``: returns once they are computed.
     sleep : callable
         Used for injected delays.
+    background : bool
+        Whether the ends are awaited on a thread of their own (:class:`.step_ends.StepEnds`)
+        or at once, on the caller's thread.
     """
 
     def __init__(
         self,
         clock: Callable[[], float] = time.time,
         spans: Callable = _spans_processes,
-        ready: Callable = _ready,
+        unfinished: Callable[[], list] = _unfinished,
+        wait: Callable[[list], None] = wait_arrays,
         sleep: Callable[[float], None] = time.sleep,
+        background: bool = False,
     ):
-        self.clock, self.spans, self.ready, self.sleep = clock, spans, ready, sleep
+        self.clock, self.spans, self.sleep = clock, spans, sleep
+        self.unfinished, self.wait = unfinished, wait
         self.steps: list[dict] = []
         self.dropped = 0
         self.delay: tuple[float, str] | None = None
         self._depth = 0
+        self._cell = 0
+        # ids of the arrays handed over with steps whose end is still awaited
+        self._held: set[int] = set()
+        # The thread stamping ends appends records while the main thread begins cells.
+        self._lock = threading.Lock()
+        self.ends = StepEnds(self._finish, wait, clock) if background else None
         self.begin_cell()
 
     def begin_cell(self) -> None:
         """Start a cell: no steps yet, its work begins now."""
-        self.steps, self.dropped, self._depth = [], 0, 0
-        self._start = self.clock()
-        self._input = self._compile = self._compute = 0.0
-        self._dispatch = None
+        with self._lock:
+            self.steps, self.dropped, self._depth = [], 0, 0
+            self._cell += 1  # ends still awaited from an earlier cell are not its steps
+            self._start = self._end = self.clock()
+            self._input = self._compile = self._compute = 0.0
+            self._dispatch = None
 
     def note_input(self, seconds: float) -> None:
         """Count ``seconds`` of the current step's work as the input pipeline's."""
@@ -145,27 +172,55 @@ class Recorder:
         dispatch, self._dispatch = self._dispatch, None
         if result is None or not self.spans(result):
             return
-        self.ready(result)
-        end = self.clock()
-        self._keep(dispatch, end)
-
-    def _keep(self, dispatch: float, end: float) -> None:
-        start = min(self._start, dispatch)
-        record = {
-            "kind": "step",
-            "step": len(self.steps) + self.dropped,
-            "start": start,
-            "dispatch": dispatch,
-            "end": max(end, dispatch),
-            "input": min(self._input, dispatch - start),
-            "compile": self._compile,
-            "compute": self._compute,
-        }
-        if len(self.steps) < MAX_STEPS:
-            self.steps.append(record)
+        # Each array is handed over once, with the step that made it: held by every later
+        # step too, arrays the loop dropped would stay allocated while the host runs ahead.
+        arrays = [a for a in self.unfinished() if id(a) not in self._held]
+        held = tuple(id(a) for a in arrays)
+        self._held.update(held)
+        item = (self._cell, min(self._start, dispatch), dispatch, self._input, self._compile)
+        item += (self._compute, held)
+        self._start, self._input = self.clock(), 0.0
+        if self.ends is None:
+            self.wait(arrays)
+            self._finish(item, self.clock())
         else:
-            self.dropped += 1
-        self._start, self._input = end, 0.0
+            self.ends.put(item, arrays)
+
+    def _finish(self, item: tuple, end: float) -> None:
+        """Keep one step's record, now that its end is known (steps come in order)."""
+        cell, host_start, dispatch, input_, compile_, compute, held = item
+        # Before the arrays are let go, so that no new array can reuse one of these ids.
+        self._held.difference_update(held)
+        with self._lock:
+            if cell != self._cell:
+                return
+            # Queued behind the previous step, a step begins when that one ended.
+            start = max(host_start, self._end)
+            dispatch = max(dispatch, start)
+            record = {
+                "kind": "step",
+                "step": len(self.steps) + self.dropped,
+                "start": start,
+                "dispatch": dispatch,
+                "end": max(end, dispatch),
+                "input": min(input_, dispatch - start),
+                "compile": compile_,
+                "compute": compute,
+            }
+            self._end = record["end"]
+            if len(self.steps) < MAX_STEPS:
+                self.steps.append(record)
+            else:
+                self.dropped += 1
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
+        """Wait up to ``timeout`` s for the ends of steps still running; whether all came."""
+        return True if self.ends is None else self.ends.drain(timeout)
+
+    def close(self) -> None:
+        """Stop the thread stamping ends."""
+        if self.ends is not None:
+            self.ends.close()
 
 
 def _tool_id() -> int | None:
@@ -188,7 +243,7 @@ def _callbacks(rec: Recorder):
 
     # C_RETURN passes the call's first argument, not its result: a step is a call whose
     # first argument spans processes (a training step's state or batch does), and its end
-    # is when every array still being computed is ready (see _ready).
+    # is when every array still being computed is ready (see _unfinished).
     def on_c_return(code, _offset, fn, arg0):
         if _is_jitted(fn) and _is_cell_file(code.co_filename):
             rec.on_return(arg0)
@@ -220,8 +275,9 @@ def enable() -> str:
         return "every monitoring tool id is taken by another tool"
     import jax.monitoring  # Deferred: switched on by the user, after JAX has started.
 
-    rec = Recorder()
+    rec = Recorder(background=True)
     STATE.arrivals = rec
+    atexit.register(rec.close)  # before JAX's own exit: no thread left waiting inside it
     mon = sys.monitoring
     mon.use_tool_id(tool, _TOOL_NAME)
     on_call, on_c_return, on_c_raise = _callbacks(rec)
@@ -250,6 +306,8 @@ def disable() -> str:
         shell = get_ipython()
         if shell is not None:
             shell.events.unregister("pre_run_cell", _pre_run_cell)
+        STATE.arrivals.close()
+        atexit.unregister(STATE.arrivals.close)
         STATE.arrivals = None
     return "off"
 
@@ -260,6 +318,8 @@ def records(last: int = MAX_STEPS) -> dict:
     if rec is None:
         return {"on": False, "steps": [], "dropped": 0}
     last = max(0, min(int(last), MAX_STEPS))
+    # Steps the cell left running end within DRAIN_SECONDS or are read at the next look.
+    rec.drain()
     kept = rec.steps[-last:] if last else []
     return {"on": True, "steps": list(kept), "dropped": rec.dropped + len(rec.steps) - len(kept)}
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from jaxsys_kernel.cells.step_records import checked
 from jaxsys_kernel.cells.stragglers import Stragglers
-from jaxsys_kernel.engine import arrivals
+from jaxsys_kernel.engine import arrivals, step_ends
 from jaxsys_kernel.engine.state import STATE
 
 pytestmark = pytest.mark.unit
@@ -28,7 +30,7 @@ class World:
         return arrivals.Recorder(
             clock=lambda: self.now + self.local[r] + self.skew.get(r, 0.0),
             spans=lambda result: True,
-            ready=lambda result: None,
+            unfinished=list,
             sleep=sleep,
         )
 
@@ -73,7 +75,7 @@ def test_input_and_compute_delays_are_counted_in_their_category(where):
 
 
 def test_nested_calls_local_results_and_raises_are_not_steps():
-    rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: r == "wide", ready=lambda r: None)
+    rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: r == "wide", unfinished=list)
     rec.on_call()
     rec.on_call()  # traced inside the first
     rec.on_return("wide")
@@ -88,7 +90,7 @@ def test_nested_calls_local_results_and_raises_are_not_steps():
 
 def test_steps_per_cell_are_bounded(monkeypatch):
     monkeypatch.setattr(arrivals, "MAX_STEPS", 3)
-    rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: True, ready=lambda r: None)
+    rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: True, unfinished=list)
     for _ in range(5):
         rec.on_call()
         rec.on_return("x")
@@ -106,24 +108,145 @@ def test_slow_refuses_bad_delays_with_the_flag_named():
         arrivals.slow(10**9)
 
 
-def test_real_jitted_calls_from_a_cell_are_seen_and_library_calls_are_not(monkeypatch):
+def _cell_steps(monkeypatch, code: str) -> list[dict]:
+    """Run ``code`` as a cell's code with the records on; the steps it recorded, checked."""
     pytest.importorskip("jax")
     monkeypatch.setattr(arrivals, "_is_cell_file", lambda f: f == "<cell-under-test>")
     assert arrivals.enable() == "on"
     try:
         STATE.arrivals.spans = lambda result: True
-        code = (
-            "import jax, jax.numpy as jnp\n"
-            "f = jax.jit(lambda x: (x * 2).sum())\n"
-            "for i in range(3):\n"
-            "    y = f(jnp.ones(8))\n"
-        )
         exec(compile(code, "<cell-under-test>", "exec"), {})
-        steps = arrivals.records()["steps"]
-        # jnp.ones is jitted inside JAX, not called from the cell: only f's three calls.
-        assert [s["step"] for s in steps] == [0, 1, 2]
-        assert steps[0]["compile"] > 0 and steps[2]["compile"] == 0
-        assert all(checked(s) for s in steps)
+        return [checked(s) for s in arrivals.records()["steps"]]
     finally:
         arrivals.disable()
+
+
+def test_real_jitted_calls_from_a_cell_are_seen_and_library_calls_are_not(monkeypatch):
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda x: (x * 2).sum())\n"
+        "for i in range(3):\n"
+        "    y = f(jnp.ones(8))\n"
+    )
+    steps = _cell_steps(monkeypatch, code)
+    # jnp.ones is jitted inside JAX, not called from the cell: only f's three calls.
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert steps[0]["compile"] > 0 and steps[2]["compile"] == 0
     assert STATE.arrivals is None and arrivals.records() == {"on": False, "steps": [], "dropped": 0}
+
+
+def test_steps_dispatched_ahead_begin_when_the_previous_step_ended():
+    """Three calls queued in 20 ms run one after another on the devices: the host is not
+    held at each call, and each step's start is the previous step's end (no host time)."""
+    now = [0.0]
+    go = threading.Event()
+    order = iter(range(3))
+
+    def wait(arrays):
+        assert go.wait(5)
+        now[0] = 1.0 + arrays[0]  # step i's devices finish at 1 + i s
+
+    rec = arrivals.Recorder(
+        clock=lambda: now[0],
+        spans=lambda r: True,
+        unfinished=lambda: [next(order)],
+        wait=wait,
+        background=True,
+    )
+    try:
+        for i in range(3):
+            now[0] = 0.01 * i
+            rec.on_call()
+            rec.on_return("x")
+        assert rec.steps == []  # every call returned before any step ended
+        go.set()
+        assert rec.drain(5)
+    finally:
+        rec.close()
+    steps = [checked(s) for s in rec.steps]
+    assert [(s["start"], s["dispatch"], s["end"]) for s in steps] == [
+        (0.0, 0.0, 1.0),
+        (1.0, 1.0, 2.0),
+        (2.0, 2.0, 3.0),
+    ]
+    assert all(s["host"] == 0.0 for s in steps)
+
+
+def test_a_step_still_running_when_the_next_cell_begins_is_not_that_cells():
+    go = threading.Event()
+    rec = arrivals.Recorder(
+        spans=lambda r: True, unfinished=list, wait=lambda a: go.wait(5), background=True
+    )
+    try:
+        rec.on_call()
+        rec.on_return("x")
+        rec.begin_cell()
+        go.set()
+        assert rec.drain(5)
+        assert rec.steps == []
+        rec.on_call()
+        rec.on_return("x")
+        assert rec.drain(5) and [s["step"] for s in rec.steps] == [0]
+    finally:
+        rec.close()
+    assert rec.ends._thread is None
+
+
+def test_waiting_passes_over_arrays_donated_or_failed_after_they_were_handed_over():
+    jax = pytest.importorskip("jax")
+
+    class Gone:
+        def __init__(self, deleted, error=None):
+            self.deleted, self.error, self.waited = deleted, error, False
+
+        def is_deleted(self):
+            return self.deleted
+
+        def block_until_ready(self):
+            if self.error:
+                raise self.error
+            self.waited = True
+
+    donated, failed, live = Gone(True), Gone(False, jax.errors.JaxRuntimeError("gone")), Gone(False)
+    step_ends.wait_arrays([donated, failed, live])
+    assert live.waited and not donated.waited
+
+
+def test_real_steps_dispatched_ahead_with_donation_are_all_recorded(monkeypatch):
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda w: jnp.tanh(w @ w) * 1e-3, donate_argnums=0)\n"
+        "w = jnp.ones((256, 256))\n"
+        "for i in range(4):\n"
+        "    w = f(w)\n"
+    )
+    steps = _cell_steps(monkeypatch, code)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert all(a["end"] <= b["start"] for a, b in zip(steps, steps[1:], strict=False))
+
+
+def test_an_array_still_running_is_handed_over_with_its_own_step_only():
+    """A loop far ahead would otherwise keep every dropped result allocated until the
+    step that last saw it ends."""
+    first, second = object(), object()
+    live = [[first], [first, second]]
+    handed = []
+    go = threading.Event()
+
+    def wait(arrays):
+        handed.append(list(arrays))
+        assert go.wait(5)
+
+    rec = arrivals.Recorder(
+        spans=lambda r: True, unfinished=lambda: live.pop(0), wait=wait, background=True
+    )
+    try:
+        for _ in range(2):
+            rec.on_call()
+            rec.on_return("x")
+        go.set()
+        assert rec.drain(5)
+    finally:
+        rec.close()
+    assert handed == [[first], [second]]
+    assert rec._held == set()  # let go once their steps ended
