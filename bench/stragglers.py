@@ -12,9 +12,9 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    false name.
 2. **Cost**, as a ratio measured side by side in one run (A B A B ...): a cell of 20 steps
    with the step records on and off. Median cell time with / without. Twice: for a loop
-   that dispatches its steps ahead (the records wait at each step's end, so the host no
-   longer runs ahead of the devices: the worst case) and for one that waits for each step
-   (as a loop printing its loss does).
+   that dispatches its steps ahead (each step's end is stamped by a thread of the
+   recorder's, which wakes once per step) and for one that waits for each step (as a loop
+   printing its loss does).
 3. **Readiness gate** (``--import-delay S``, 0 skips it): a cluster of ``--hosts``
    processes whose last process waits ``S`` seconds before importing JAX, started with
    ``--init-timeout`` seconds (``--starts`` times): starts that succeeded, and their time.
@@ -22,13 +22,21 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    once every process has been asked to join, the last one gets SIGKILL; the time until the
    start's error names it (JAX's initialisation timeout is 60 s, its heartbeat 3 s).
 
-The issue's figures: ``--trials 40`` at ``--hosts 8`` and ``--hosts 32`` (needs a machine
-with as many cores; on 2 cores the numbers say more about the scheduler than the view).
+The naming loop dispatches its steps ahead (``--loop ahead``) or waits for each
+(``--loop synced``). A loop that dispatches ahead hides a host delay shorter than its step's
+device time: nobody waits for the delayed process, and the view rightly names no one. With
+many processes on few cores every step takes the cores' turns, so ``--rows`` (each
+process's batch, 256 rows) keeps the step shorter than the delay there: measured at 32
+processes on 2 cores with 256 rows, a 5-step cell took 2.50 s with a 200 ms host delay and
+2.67 s without.
+
+The figures: ``--trials 40`` at ``--hosts 8`` and at ``--hosts 32 --rows 16`` (a machine
+with as many cores needs no smaller batch).
 
 Usage
 -----
 ``python bench/stragglers.py [--hosts N] [--trials N] [--undisturbed N] [--ms N] [--reps N]
-[--seed N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]
+[--seed N] [--kinds host,input,compute] [--loop ahead|synced] [--rows N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]
 [--join-deaths N]``
 """
 
@@ -54,7 +62,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 mesh = Mesh(np.array(jax.devices()), ("x",))
 rows = NamedSharding(mesh, P("x"))
-x = jax.make_array_from_process_local_data(rows, np.ones((256, 1024), np.float32))
+x = jax.make_array_from_process_local_data(rows, np.ones(({rows}, 1024), np.float32))
 w = jnp.ones((1024, 1024), np.float32) * 1e-3
 @jax.jit
 def step(w, x):
@@ -62,8 +70,7 @@ def step(w, x):
     return w - 1e-3 * g
 """
 STEPS = "for _ in range({n}):\n    w = step(w, x)\nw.block_until_ready()\n"
-# A loop that waits for each step, as one that prints its loss every step does: the
-# records' own wait at each step's end (engine/arrivals.py) then costs no overlap.
+# A loop that waits for each step, as one that prints its loss every step does.
 SYNCED = "for _ in range({n}):\n    w = step(w, x)\n    w.block_until_ready()\n"
 
 
@@ -81,35 +88,45 @@ def call(cluster, ranks, fn, *args):
         raise SystemExit(f"{fn}: errors {calls.errors}, no answer from {calls.missing}")
 
 
-def trial(cluster, slow: int | None, ms: float, where: str) -> tuple | None:
+def trial(cluster, slow: int | None, ms: float, where: str, loop: str) -> tuple:
+    """One 5-step cell, ``slow`` delayed: what the view named, and the cell's seconds."""
     if slow is not None:
         call(cluster, [slow], arrivals.slow, ms, where)
     try:
-        run(cluster, STEPS.format(n=5))
+        seconds = run(cluster, loop.format(n=5))
     finally:
         if slow is not None:
             call(cluster, [slow], arrivals.slow, None)
-    return collect(cluster, cluster.ranks).named(5)
+    return collect(cluster, cluster.ranks).named(5), seconds
 
 
-def naming(cluster, trials: int, undisturbed: int, ms: float, rng: random.Random) -> None:
+def naming(cluster, trials, undisturbed, ms, rng, kinds, loop) -> None:
     print(f"naming a {ms:g} ms delay within 5 steps ({trials} trials each):")
-    for where in ("host", "input", "compute"):
-        right = 0
+    for where in kinds:
+        right, times = 0, []
         for _ in range(trials):
             p = rng.choice(cluster.ranks)
-            got = trial(cluster, p, ms, where)
+            got, seconds = trial(cluster, p, ms, where, loop)
             right += got == (p, where)
+            times.append(seconds)
             if got != (p, where):
-                print(f"    p{p} delayed in {where}: named {got}")
-        print(f"  {where:8s} named right {right}/{trials} ({100 * right / max(1, trials):.0f} %)")
-    false = 0
+                print(f"    p{p} delayed in {where}: named {got} ({seconds:.2f} s)")
+        print(
+            f"  {where:8s} named right {right}/{trials} ({100 * right / max(1, trials):.0f} %), "
+            f"cell median {_median(times)}"
+        )
+    false, times = 0, []
     for _ in range(undisturbed):
-        got = trial(cluster, None, ms, "host")
+        got, seconds = trial(cluster, None, ms, "host", loop)
+        times.append(seconds)
         if got is not None:
             false += 1
             print(f"    undisturbed: named {got}")
-    print(f"  undisturbed: a false name in {false}/{undisturbed}")
+    print(f"  undisturbed: a false name in {false}/{undisturbed}, cell median {_median(times)}")
+
+
+def _median(times: list[float]) -> str:
+    return f"{statistics.median(times):.2f} s" if times else "-"
 
 
 def cost(cluster, reps: int) -> None:
@@ -130,9 +147,11 @@ def _cost(cluster, reps: int, loop: str, label: str) -> None:
             on.append(a)
             off.append(b)
     a, b = statistics.median(on), statistics.median(off)
+    # The spread: quartiles of the ratio within each side-by-side pair.
+    q = statistics.quantiles([x / y for x, y in zip(on, off, strict=True)], n=4)
     print(
         f"cost, {label}: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, "
-        f"ratio {a / b:.3f}"
+        f"ratio {a / b:.3f} (pairs: quartiles {q[0]:.3f}-{q[2]:.3f})"
     )
 
 
@@ -209,6 +228,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--undisturbed", type=int, default=None, help="(default: --trials)")
     ap.add_argument("--ms", type=float, default=200.0)
+    ap.add_argument("--kinds", default="host,input,compute", help="delays to name, by category")
+    ap.add_argument("--loop", choices=("ahead", "synced"), default="ahead", help="naming's loop")
+    ap.add_argument("--rows", type=int, default=256, help="each process's batch rows")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--import-delay", type=float, default=20.0)
@@ -222,13 +244,16 @@ def main() -> None:
     cluster = Cluster(hosts=opts.hosts, devices_per_host=1, progress=lambda e: None)
     cluster.start_sync()
     try:
-        run(cluster, SETUP)
+        run(cluster, SETUP.format(rows=opts.rows))
         call(cluster, cluster.ranks, arrivals.enable)
         run(cluster, STEPS.format(n=5))  # compiles the step
         quiet = opts.trials if opts.undisturbed is None else opts.undisturbed
         if opts.trials or quiet:
-            naming(cluster, opts.trials, quiet, opts.ms, random.Random(opts.seed))
-        cost(cluster, opts.reps)
+            kinds = opts.kinds.split(",")
+            loop = STEPS if opts.loop == "ahead" else SYNCED
+            naming(cluster, opts.trials, quiet, opts.ms, random.Random(opts.seed), kinds, loop)
+        if opts.reps > 0:
+            cost(cluster, opts.reps)
     finally:
         cluster.kill()
     if opts.import_delay > 0:
