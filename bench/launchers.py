@@ -23,9 +23,17 @@ Secret or Service and no pod process is left. Namespace hosts need root. A launc
 reported and skipped. The load average is printed before and after, and ratios are
 against ``local``.
 
+*restart* (``--restart``, Kubernetes only): wall time of ``cluster.restart_sync()`` of a
+2-pod world (1 device each) on the test cluster, in place (the next world's engines in the
+living pods) against recreating the pods (the path a restart takes when a pod is gone,
+forced here by having the world's pods refuse reuse), measured alternately A B A B on one
+cluster, each restart followed by a cell that checks the new world (process count and a
+sum across processes). The ratio of the medians and the load average are printed.
+
 Usage
 -----
-``python bench/launchers.py [--rounds N]`` (default 2).
+``python bench/launchers.py [--rounds N]`` (default 2);
+``python bench/launchers.py --restart [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -186,11 +194,78 @@ class _TestCluster:
         self.cluster.stop()
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# Run in each process of a restarted world: its process count, and a sum across processes.
+_WORLD_CHECK = """
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils as mu
+_world = (jax.process_count(), float(mu.process_allgather(jnp.float32(jax.process_index() + 1)).sum()))
+"""
+
+
+def _check_world(c: Cluster) -> None:
+    """Every process of the new world sees both, and a sum across processes works."""
+    c.view.execute(_WORLD_CHECK, block=True)
+    got = c.view.pull("_world", block=True)
+    if [tuple(g) for g in got] != [(2, 3.0)] * 2:
+        raise RuntimeError(f"the restarted world is not whole: {got}")
+
+
+def restarts(rounds: int) -> int:
+    """In-place world restarts against recreating the pods, side by side on one cluster."""
+    from tests import k8s_kubelet
+
+    reason = k8s_kubelet.unavailable()
+    if reason:
+        print(f"kubernetes: cannot run here ({reason})")
+        return 1
+    print(f"load average before: {_load()}")
+    times: dict[str, list[float]] = {"in place": [], "new pods": []}
+    with contextlib.closing(_TestCluster(k8s_kubelet)) as k8s:
+        conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
+        os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        c = Cluster(launcher="kubernetes", hosts=2, devices_per_host=1, standby=0,
+                    controller_ip="127.0.0.1", env={"JAX_PLATFORMS": "cpu"},
+                    launcher_options={"image": "unused", "kubeconfig": str(conf)},
+                    progress=lambda e: None)  # fmt: skip
+        try:
+            c.start_sync()
+            worlds = c._launcher.worlds
+            end_engines = worlds.end_engines
+            for _ in range(rounds + 1):  # the first pair warms up
+                for how in times:
+                    # Recreating: the pods refuse reuse, as when one is gone.
+                    worlds.end_engines = (
+                        end_engines if how == "in place" else lambda: "the bench asks for new pods"
+                    )
+                    t0 = time.perf_counter()
+                    c.restart_sync()
+                    times[how].append(time.perf_counter() - t0)
+                    _check_world(c)
+        finally:
+            c.kill()
+        _wait(lambda: not k8s.left())
+    print(f"{'restart':<9} {'median s':>9}  each (after a warm-up pair)")
+    for how, each in times.items():
+        rest = each[1:]
+        print(f"{how:<9} {statistics.median(rest):9.2f}  {' '.join(f'{t:.2f}' for t in rest)}")
+    ratio = statistics.median(times["new pods"][1:]) / statistics.median(times["in place"][1:])
+    print(f"new pods / in place: {ratio:.2f}x")
+    print(f"load average after: {_load()}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--restart", action="store_true", help="Kubernetes: in-place restarts")
     args = ap.parse_args()
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.restart:
+        return restarts(args.rounds)
+    print(f"load average before: {_load()}")
     with contextlib.ExitStack() as stack:
         kinds = _kinds(stack)
         results: dict[str, list[tuple[float, float]]] = {k.name: [] for k in kinds}
@@ -205,7 +280,7 @@ def main() -> int:
         ready = statistics.median(r for r, _ in rows)
         stop = statistics.median(s for _, s in rows)
         print(f"{name:<8} {ready:8.2f} {ready / base:8.2f} {stop:21.2f}")
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average after: {_load()}")
     return 0
 
 

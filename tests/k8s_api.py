@@ -2,7 +2,9 @@
 
 It serves the REST paths the Kubernetes client, JAX's detection and ``kubectl`` use for the
 kinds a jaxsys world is made of (Pods, Services, Secrets, Jobs, JobSets): create, get, list
-(with label and field selectors), delete, and a pod's log. A bearer token is required, as a
+(with label and field selectors), replace (refused with 409 when the ``resourceVersion``
+given is not the object's), patch (JSON patch ``add``/``replace``/``remove``, or a merge
+patch), delete, and a pod's log. A bearer token is required, as a
 real API server's authentication does; RBAC is not modelled. There are no controllers here:
 :mod:`tests.k8s_kubelet` subscribes to changes and plays the Job and JobSet controllers and
 the kubelet.
@@ -111,6 +113,31 @@ def _selector_matches(selector: str, values: Callable[[str], str | None]) -> boo
     return True
 
 
+def _json_patch(obj: dict[str, Any], op: dict[str, Any]) -> None:
+    """One JSON patch (RFC 6902) operation of ``add``, ``replace`` or ``remove``."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+    parent = obj
+    for p in parts[:-1]:
+        parent = parent[p]
+    if op["op"] in ("add", "replace"):
+        parent[parts[-1]] = op["value"]
+    elif op["op"] == "remove":
+        del parent[parts[-1]]
+    else:
+        raise ValueError(f"JSON patch operation {op['op']!r} is not served here")
+
+
+def _merge(obj: dict[str, Any], patch: dict[str, Any]) -> None:
+    """A merge patch (RFC 7386): null removes a key, dicts merge, the rest replaces."""
+    for k, v in patch.items():
+        if v is None:
+            obj.pop(k, None)
+        elif isinstance(v, dict) and isinstance(obj.get(k), dict):
+            _merge(obj[k], v)
+        else:
+            obj[k] = copy.deepcopy(v)
+
+
 def _field(obj: dict[str, Any], path: str) -> str | None:
     cur: Any = obj
     for part in path.split("."):
@@ -190,6 +217,40 @@ class ApiServer:
                 fn("delete", obj)
             return obj
 
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Replace an object whole, as a PUT does: ``KeyError`` when there is none,
+        ``ValueError`` when its ``resourceVersion`` is given and is not the stored one."""
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        with self.lock:
+            key = (obj["kind"], meta["namespace"], meta["name"])
+            old = self.objects[key]
+            given = meta.get("resourceVersion")
+            if given and given != old["metadata"]["resourceVersion"]:
+                raise ValueError(f"the object has been modified (resourceVersion {given})")
+            for k in ("uid", "creationTimestamp"):
+                meta[k] = old["metadata"][k]
+            meta["resourceVersion"] = str(next(self._rv))
+            self.objects[key] = obj
+            for fn in self.subscribers:
+                fn("update", obj)
+        return copy.deepcopy(obj)
+
+    def patch(self, kind: str, namespace: str, name: str, patch: Any) -> dict[str, Any]:
+        """Apply a JSON patch (a list of operations) or a merge patch (a dict)."""
+        with self.lock:
+            obj = copy.deepcopy(self.objects[(kind, namespace, name)])
+            if isinstance(patch, list):
+                for op in patch:
+                    try:
+                        _json_patch(obj, op)
+                    except KeyError as e:
+                        raise ValueError(f"no {e} on the path {op['path']}") from None
+            else:
+                _merge(obj, patch)
+            obj["metadata"].pop("resourceVersion", None)
+            return self.replace(obj)
+
     def list(self, kind: str, namespace: str | None = None, labels: str = "", fields: str = ""):
         with self.lock:
             found = [
@@ -230,6 +291,8 @@ class ApiServer:
             app.router.add_get(base, self._list)
             app.router.add_post(base, self._create)
             app.router.add_get(base + "/{name}", self._get)
+            app.router.add_put(base + "/{name}", self._replace)
+            app.router.add_patch(base + "/{name}", self._patch)
             app.router.add_delete(base + "/{name}", self._delete)
             app.router.add_get(base + "/{name}/log", self._log)
         return app
@@ -253,7 +316,7 @@ class ApiServer:
     async def _resources(self, request: web.Request) -> web.Response:
         info = request.match_info
         gv = f"{info['group']}/{info['version']}" if "group" in info else info["version"]
-        verbs = ["create", "delete", "get", "list"]
+        verbs = ["create", "delete", "get", "list", "patch", "update"]
         resources = [
             {
                 "name": plural,
@@ -321,6 +384,37 @@ class ApiServer:
         if not obj:
             return _status(404, "NotFound", f'{kind or "resource"} "{info["name"]}" not found')
         return web.json_response(obj)
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        kind, info = self._kind(request), request.match_info
+        try:
+            obj = json.loads(await request.read())
+        except ValueError as e:
+            return _status(400, "BadRequest", f"not JSON: {e}")
+        if kind is None or obj.get("kind") != kind:
+            return _status(400, "BadRequest", f"cannot replace {obj.get('kind')!r} here")
+        obj.setdefault("metadata", {}).update(namespace=info["ns"], name=info["name"])
+        try:
+            return web.json_response(self.replace(obj))
+        except KeyError:
+            return _status(404, "NotFound", f'{kind} "{info["name"]}" not found')
+        except ValueError as e:
+            return _status(409, "Conflict", str(e))
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        kind, info = self._kind(request), request.match_info
+        try:
+            patch = json.loads(await request.read())
+        except ValueError as e:
+            return _status(400, "BadRequest", f"not JSON: {e}")
+        if kind is None:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        try:
+            return web.json_response(self.patch(kind, info["ns"], info["name"], patch))
+        except KeyError:
+            return _status(404, "NotFound", f'{kind} "{info["name"]}" not found')
+        except (ValueError, TypeError, IndexError) as e:
+            return _status(422, "Invalid", f"the patch does not apply: {e}")
 
     async def _delete(self, request: web.Request) -> web.Response:
         kind, info = self._kind(request), request.match_info

@@ -9,8 +9,12 @@ address of its own (``127.0.0.<n>``, the pod IP), where it finds what a containe
   names an existing Service resolves as ``<hostname>.<subdomain>`` (and the long form);
 - the service account's ``token``, ``ca.crt`` and ``namespace`` under
   ``/var/run/secrets/kubernetes.io/serviceaccount`` (``/run`` is a tmpfs of its own);
-- its Secret volumes mounted read-only, and its environment: the container's ``env``
-  (``fieldRef`` resolved), ``KUBERNETES_SERVICE_HOST``/``PORT`` and ``JOB_COMPLETION_INDEX``.
+- its Secret volumes mounted read-only, projected as a kubelet does (each key a link into
+  ``..data``, which is swapped whole), and projected again when the pod is updated (an
+  annotation changed), as a kubelet's sync of the pod does; the periodic sync (a minute)
+  is not modelled;
+- its environment: the container's ``env`` (``fieldRef`` resolved),
+  ``KUBERNETES_SERVICE_HOST``/``PORT`` and ``JOB_COMPLETION_INDEX``.
 
 The container's image is ignored: the pod runs this machine's files. What only a real
 cluster does (scheduling, images, the kubelet's restarts, CNI, Kueue) is not modelled.
@@ -97,6 +101,30 @@ def _container_status(pod: dict[str, Any], terminated: dict[str, Any]) -> dict[s
     }
 
 
+def _project(folder: Path, files: dict[str, bytes], mode: int) -> None:
+    """Project ``files`` into ``folder`` as a kubelet's atomic writer does: into a new
+    ``..<time>`` directory, which the link ``..data`` then names (a rename: readers see
+    the old set or the new one), each key a link ``key -> ..data/key``."""
+    new = folder / f"..{time.time_ns()}"
+    new.mkdir()
+    for key, value in files.items():
+        (new / key).write_bytes(value)
+        (new / key).chmod(mode)
+    tmp = folder / "..data_tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(new.name)
+    os.replace(tmp, folder / "..data")
+    for entry in folder.iterdir():
+        if entry.name.startswith(".."):
+            if entry.is_dir() and not entry.is_symlink() and entry != new:
+                shutil.rmtree(entry)
+        elif entry.name not in files:
+            entry.unlink()
+    for key in files:
+        if not (folder / key).is_symlink():
+            (folder / key).symlink_to(f"..data/{key}")
+
+
 class Pod:
     """One running pod: its directory and its process."""
 
@@ -153,6 +181,10 @@ class TestCluster:
             pod = self.pods.pop(obj["metadata"]["name"], None)
             if pod is not None:
                 pod.kill()
+        elif verb == "update" and kind == "Pod":
+            pod = self.pods.get(obj["metadata"]["name"])
+            if pod is not None:
+                self._project_secrets(obj, pod.dir)
 
     @staticmethod
     def _owner(obj: dict[str, Any]) -> dict[str, Any]:
@@ -263,14 +295,21 @@ class TestCluster:
             target = re.sub(r"^/var/run/", "/run/", m["mountPath"])
             if secret is None or not target.startswith("/run/"):
                 raise RuntimeError(f"the test kubelet mounts Secret volumes under /run, not {m}")
-            src = d / "volumes" / m["name"]
-            src.mkdir(parents=True)
-            data = self.api.get("Secret", ns, secret["secretName"]) or {"data": {}}
-            for key, value in data.get("data", {}).items():
-                (src / key).write_bytes(base64.b64decode(value))
-                (src / key).chmod(secret.get("defaultMode", 0o644))
-            mounts.append((src, target))
+            (d / "volumes" / m["name"]).mkdir(parents=True)
+            mounts.append((d / "volumes" / m["name"], target))
+        self._project_secrets(obj, d)
         return mounts
+
+    def _project_secrets(self, obj: dict[str, Any], d: Path) -> None:
+        """Write the pod's Secret volumes as they are now, each swapped in whole."""
+        ns = obj["metadata"]["namespace"]
+        for v in obj["spec"].get("volumes", []):
+            secret = v.get("secret")
+            if secret is None or not (d / "volumes" / v["name"]).is_dir():
+                continue
+            data = self.api.get("Secret", ns, secret["secretName"]) or {"data": {}}
+            files = {k: base64.b64decode(x) for k, x in data.get("data", {}).items()}
+            _project(d / "volumes" / v["name"], files, secret.get("defaultMode", 0o644))
 
     def _start(self, obj: dict[str, Any]) -> None:
         name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]

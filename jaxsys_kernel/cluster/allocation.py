@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from .. import contract
 from ..errors import ConfigError
-from .lease import write_private
+from .lease import ttl_s, write_private
 from .records import ClusterStartError
 
 # Seconds between polls of a scheduler while a job waits to run.
@@ -198,6 +198,16 @@ class Allocation:
     def describe_job(self) -> str:
         """How messages name this allocation."""
         return self.label
+
+    def kept_note(self, path: Path, again: str, nprocs: int) -> str:
+        """What ``%jaxsys stop --keep-allocation`` says once this allocation was kept
+        (saved in ``path``, attached to again with the command ``again``) for a cluster of
+        ``nprocs`` processes."""
+        return (
+            f"jaxsys: {self.describe_job()} is kept (saved in {path}): {again} starts "
+            f"engines in it again, also after a kernel restart within {ttl_s():g} s of this "
+            "kernel's end"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """What :func:`allocation_from_dict` needs to find this allocation again."""

@@ -40,7 +40,7 @@ from .allocation import (
     saved_names,
     state_dir,
 )
-from .lease import KEPT, RUN, Lease, LeaseHeldError, process_start, read
+from .lease import KEPT, RUN, Lease, LeaseHeldError, process_start, read, ttl_s
 
 # The leases this process holds, one per key.
 _HELD: dict[str, Lease] = {}
@@ -138,6 +138,14 @@ class KeptHosts(Allocation):
 
     def describe_job(self) -> str:
         return f"{self.label} (kept as {self.job_id})" if self.job_id else self.label
+
+    def kept_note(self, path: Path, again: str, nprocs: int) -> str:
+        return (
+            f"jaxsys: the cluster's hosts, {self.describe_job()}, are kept with its options "
+            f"(saved in {path}); its processes stop. {again} starts a cluster of "
+            f"{nprocs} processes on them again, in this kernel or another, "
+            f"until {ttl_s():g} s after this kernel's end"
+        )
 
     def name_key(self) -> str:
         """The key the hosts are kept under, chosen now if they have none."""

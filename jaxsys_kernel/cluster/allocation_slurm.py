@@ -191,6 +191,9 @@ class SlurmAllocation(Allocation):
     def describe_job(self) -> str:
         return f"Slurm job {self.job_id}" if self.job_id else "the Slurm job"
 
+    def kept_note(self, path: Path, again: str, nprocs: int) -> str:
+        return f"{super().kept_note(path, again, nprocs)}; scancel {self.job_id} gives it back"
+
     def submit(self) -> None:
         """``sbatch`` the job (its script in ``script_dir``), take its lease and start its
         watchdog; for a job given by its id, take its lease (refused while another live

@@ -117,7 +117,14 @@ def start(session, args: argparse.Namespace) -> None:
 @argument(
     "--keep-allocation",
     action="store_true",
-    help="keep what the processes ran on, a Slurm job or the hosts (saved for %%jaxsys attach)",
+    help="keep what the processes ran on, a Slurm job, the hosts or a Kubernetes world's pods "
+    "(saved for %%jaxsys attach)",
+)
+@argument(
+    "--name",
+    default=None,
+    metavar="NAME",
+    help="with --keep-allocation: keep it under this name (%%jaxsys attach --name NAME)",
 )
 def stop(session, args: argparse.Namespace) -> None:
     """Kill every process of the cluster.
@@ -127,7 +134,8 @@ def stop(session, args: argparse.Namespace) -> None:
     cluster's options, so that ``%jaxsys attach`` starts engines in it again without
     queueing, in this kernel or the next. A cluster on this machine or on named hosts keeps
     those hosts and its options, on a lease that lapses a TTL after this kernel's end (its
-    processes stop all the same); see ``%jaxsys attach?``.
+    processes stop all the same). A Kubernetes cluster keeps its world's pods, whose
+    engines end; they wait the lease's TTL for an attach. See ``%jaxsys attach?``.
 
     Examples
     --------
@@ -135,8 +143,11 @@ def stop(session, args: argparse.Namespace) -> None:
 
         %jaxsys stop
         %jaxsys stop --keep-allocation
+        %jaxsys stop --keep-allocation --name big-run
     """
-    kept = keep_allocation(session) if args.keep_allocation else None
+    if args.name is not None and not args.keep_allocation:
+        raise UsageError("--name names what --keep-allocation keeps: give both, or neither")
+    kept = keep_allocation(session, args.name) if args.keep_allocation else None
     cluster = session.cluster
     took = session.stop()
     print(

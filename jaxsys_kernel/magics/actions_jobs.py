@@ -22,7 +22,7 @@ from ..cluster.allocation import (
 from ..cluster.allocation_hosts import KeptHosts, forget_lapsed
 from ..cluster.config import ClusterConfig
 from ..cluster.launchers.registry import describe, launcher_class, names_where
-from ..cluster.lease import LeaseHeldError, ttl_s
+from ..cluster.lease import LeaseHeldError
 from ..errors import ConfigError
 
 # What session.start has always been handed, given on the line or not (None: the
@@ -119,18 +119,7 @@ def keep_allocation(session, name: str | None = None) -> str:
     # Marked kept only once saved: a job nothing could find again would never be cancelled.
     launcher.keep_allocation()
     again = "%jaxsys attach" + (f" --name {name}" if name else "")
-    if isinstance(alloc, KeptHosts):
-        return (
-            f"jaxsys: the cluster's hosts, {alloc.describe_job()}, are kept with its options "
-            f"(saved in {path}); its processes stop. {again} starts a cluster of "
-            f"{cluster.config.nprocs} processes on them again, in this kernel or another, "
-            f"until {ttl_s():g} s after this kernel's end"
-        )
-    return (
-        f"jaxsys: {alloc.describe_job()} is kept (saved in {path}): {again} starts engines "
-        f"in it again, also after a kernel restart within {ttl_s():g} s of this kernel's "
-        f"end; scancel {alloc.job_id} gives it back"
-    )
+    return alloc.kept_note(path, again, cluster.config.nprocs)
 
 
 def _attaches(kind) -> bool:
@@ -158,19 +147,13 @@ def _saved_options(cluster) -> dict[str, Any]:
 
 
 def stop_note(cluster) -> str | None:
-    """After a stop: a line saying the job the cluster ran in is still there, or None."""
+    """After a stop: a line saying what became of the job the cluster was attached to (a
+    Slurm job is still there), or None."""
     config = getattr(cluster, "config", None)  # None: no cluster (or one without options)
     job_id = config.launcher_options.get("job_id") if config is not None else None
     if not job_id:
         return None
-    try:
-        job = launcher_class(config.launcher).job_allocation(job_id).describe_job()
-    except ConfigError:  # a launcher that takes a job_id of its own meaning
-        return None
-    return (
-        f"jaxsys: {job} keeps running (the cluster was attached to it): "
-        f"%jaxsys attach reuses it; scancel {job_id} gives it back"
-    )
+    return launcher_class(config.launcher).attached_stop_note(job_id)
 
 
 def _saved_job(name: str | None) -> tuple[str, dict[str, Any]]:
@@ -208,7 +191,8 @@ def _saved_job(name: str | None) -> tuple[str, dict[str, Any]]:
     "job_id",
     nargs="?",
     metavar="JOB",
-    help="the running Slurm job to start the engines in (default: the one a stop kept)",
+    help="the running Slurm job, or kept Kubernetes world (NAMESPACE/NAME), to start the "
+    "engines in (default: the one a stop kept)",
 )
 @argument("--hosts", type=int, default=None, metavar="N", help="processes (default: 1 per task)")
 @argument("--devices-per-host", type=int, default=None, metavar="D", help="CPU devices each")
@@ -229,10 +213,15 @@ def attach(session, args: argparse.Namespace) -> None:
     lease's TTL, ``JAXSYS_LEASE_TTL`` seconds, 45 by default); in a job of your own, only
     the engines' steps end then.
 
-    A cluster on this machine or on named hosts, kept with ``%jaxsys stop --keep-allocation`` keeps its hosts
-    and options (its processes stop, as every process ends with its kernel): ``%jaxsys
-    attach`` starts a cluster of the same shape on them again, within the lease's TTL of
-    the end of the kernel that kept them. A plain ``%jaxsys stop`` gives them back.
+    A cluster on this machine or on named hosts, kept with ``%jaxsys stop
+    --keep-allocation``, keeps its hosts and options (its processes stop, as every process
+    ends with its kernel): ``%jaxsys attach`` starts a cluster of the same shape on them
+    again, within the lease's TTL of the end of the kernel that kept them. A plain
+    ``%jaxsys stop`` gives them back.
+
+    A kept Kubernetes world keeps its pods: ``%jaxsys attach`` (``JOB``: ``NAMESPACE/NAME``)
+    finds it by its labels and starts new engines in them within the lease's TTL of the
+    keep. A plain stop deletes it; a dead kernel's world ends a TTL after its engines.
 
     Examples
     --------
@@ -242,6 +231,7 @@ def attach(session, args: argparse.Namespace) -> None:
         %jaxsys stop --keep-allocation
         %jaxsys attach
         %jaxsys attach --name big-run
+        %jaxsys attach ml/jaxsys-1a2b-1
     """
     # The launchers that start engines in a running job: those with an allocation kind.
     # Asked first: loading the launchers registers the allocation kinds a saved job names.
@@ -251,7 +241,7 @@ def attach(session, args: argparse.Namespace) -> None:
         name = check_name(args.name)
         if args.job_id is None:
             job_id, options = _saved_job(name)
-        kind = _attaching(options.get("launcher"), able)
+        kind = _attaching(options.get("launcher"), able, args.job_id)
         if args.job_id is not None:
             job_id = args.job_id
             options["hosts"] = _running_job_size(kind, job_id)
@@ -265,13 +255,20 @@ def attach(session, args: argparse.Namespace) -> None:
     options.update({k: v for k, v in given.items() if v is not None})
     if not _takes_job_ids(kind):
         _attach_hosts(session, name, options)
-        return
+    else:
+        _attach_job(session, kind, job_id, name, options)
+
+
+def _attach_job(session, kind, job_id: str, name: str | None, options: dict[str, Any]):
+    """Start a cluster in the job ``job_id`` of the launcher ``kind``, and save it under
+    ``name`` for the next attach."""
     launcher_options = {**options.get("launcher_options", {}), "job_id": job_id}
     options.update(launcher=kind.name, launcher_options=launcher_options)
     session.start(**options)
     # Kept for the next attach: the job outlives this cluster, and this kernel by its
     # lease's TTL.
-    save_allocation(kind.job_allocation(job_id, ntasks=options["hosts"]), options, name)
+    job = kind.job_allocation(job_id, ntasks=options["hosts"], options=launcher_options)
+    save_allocation(job, options, name)
 
 
 def _running_job_size(kind, job_id: str) -> int:
@@ -289,9 +286,9 @@ def _running_job_size(kind, job_id: str) -> int:
     return max(1, len(status.hosts))
 
 
-def _attaching(saved: str | None, able: list[str]):
+def _attaching(saved: str | None, able: list[str], job_id: str | None = None):
     """The launcher class an attach starts engines with: the saved cluster's, else the
-    one launcher that attaches to jobs given by their id.
+    one launcher that attaches to jobs given by their id (that can name ``job_id``).
 
     Raises
     ------
@@ -301,6 +298,16 @@ def _attaching(saved: str | None, able: list[str]):
     if saved in able:
         return launcher_class(saved)
     by_id = [n for n in able if _takes_job_ids(launcher_class(n))]
+    if job_id is not None and len(by_id) > 1:
+        refused = {}
+        for n in by_id:
+            try:
+                launcher_class(n).job_allocation(job_id)
+            except ConfigError as e:
+                refused[n] = str(e)
+        if len(refused) == len(by_id):
+            raise UsageError("; ".join(refused.values()))
+        by_id = [n for n in by_id if n not in refused]
     if len(by_id) != 1:
         raise UsageError(f"attach needs one launcher that takes a job id, not {describe(by_id)}")
     return launcher_class(by_id[0])

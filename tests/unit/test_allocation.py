@@ -145,6 +145,8 @@ def test_mpi_without_mpi4py_fails_at_once_naming_it(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else real(name, *a)
     )
+    # mpiexec is looked for first; pretend it is there, so the test needs no MPI installed.
+    monkeypatch.setattr("shutil.which", lambda name, *a: f"/usr/bin/{name}")
     launcher = make_launcher(ClusterConfig(hosts=2, launcher="mpi"))
     with pytest.raises(ClusterStartError, match=r"needs mpi4py.*jaxsys\[mpi\]"):
         launcher.check_tools()

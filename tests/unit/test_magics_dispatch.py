@@ -224,7 +224,7 @@ def test_an_option_of_another_action_is_refused_naming_the_actions_own(shell, se
 
 def test_an_extra_word_is_refused(shell, session):
     with pytest.raises(
-        UsageError, match=r"%jaxsys stop got an extra 'now'; it takes --keep-allocation"
+        UsageError, match=r"%jaxsys stop got an extra 'now'; it takes --keep-allocation, --name"
     ):
         jaxsys(shell, "stop now")
     with pytest.raises(UsageError, match=r"%jaxsys kill got an extra '3'; it takes P, --signal"):
@@ -305,7 +305,7 @@ def test_the_action_table():
     assert OWN["kill"] == {"P", "--signal", "--procs"} and OWN["inspect"] == {"NAME", "--detail"}
     assert OWN["logs"] == {"P", "--tail", "--procs"} and OWN["restart"] == {"P", "--procs"}
     assert all(not OWN[n] for n in ("status", "dashboard", "security", "rotate-certs"))
-    assert OWN["stop"] == {"--keep-allocation"}
+    assert OWN["stop"] == {"--keep-allocation", "--name"}
 
 
 # -- help ---------------------------------------------------------------------------------------

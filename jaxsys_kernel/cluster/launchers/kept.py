@@ -30,7 +30,7 @@ class KeepsHosts:
         return KeptHosts(names or None, label=label, launcher=self.name)
 
     @classmethod
-    def job_allocation(cls, job_id: str, ntasks: int = 1) -> KeptHosts:
+    def job_allocation(cls, job_id: str, ntasks: int = 1, options=None) -> KeptHosts:
         raise ConfigError(
             f"the {cls.name} launcher keeps its hosts under a name, not in a job: "
             "%jaxsys stop --keep-allocation [--name NAME] keeps them, and "

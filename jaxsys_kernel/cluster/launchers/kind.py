@@ -120,9 +120,12 @@ class LauncherKind:
         raise NotImplementedError(f"jaxsys job cannot run a program with the {cls.name} launcher")
 
     @classmethod
-    def job_allocation(cls, job_id: str, ntasks: int = 1) -> Allocation:
+    def job_allocation(
+        cls, job_id: str, ntasks: int = 1, options: Mapping[str, Any] | None = None
+    ) -> Allocation:
         """The allocation of the job ``job_id`` (of :attr:`allocation_kind`), for
-        ``%jaxsys attach JOB``: ``ntasks`` processes run in it.
+        ``%jaxsys attach JOB``: ``ntasks`` processes run in it, with the cluster's
+        ``launcher_options`` (a Kubernetes world's kubeconfig and namespace).
 
         Raises
         ------
@@ -130,6 +133,12 @@ class LauncherKind:
             When ``job_id`` cannot name such a job, or this launcher has none.
         """
         raise ConfigError(f"the {cls.name} launcher has no job to attach to")
+
+    @classmethod
+    def attached_stop_note(cls, job_id: str) -> str | None:
+        """After a plain stop of a cluster attached to ``job_id``: what became of the job
+        (None: nothing to say)."""
+        return None
 
     @classmethod
     def attach_refusal(cls, job_id: str) -> str | None:

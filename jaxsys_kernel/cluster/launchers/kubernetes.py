@@ -1,7 +1,8 @@
 """The Kubernetes launcher: one world = one Indexed Job (or JobSet) of N pods, process i = pod i.
 
 The manifests are made in :mod:`.kubernetes_manifests` (re-exported here), a notebook's
-worlds on a cluster by :mod:`.kubernetes_world`, a batch job's by :mod:`.kubernetes_job`.
+worlds on a cluster by :mod:`.kubernetes_world`, a batch job's by :mod:`.kubernetes_job`;
+a world kept for ``%jaxsys attach`` is the allocation of :mod:`.kubernetes_kept`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from ...errors import ConfigError
 from ..options import Flag
 from . import kubernetes_api
 from .base import Launcher, listen_addresses
+from .kubernetes_kept import KeptWorld, forget_saved_world
+from .kubernetes_kept import job_allocation as world_allocation
 from .kubernetes_manifests import (  # noqa: F401 - the launcher's public names
     COORDINATOR_PORT,
     CREDENTIALS_DIR,
@@ -34,7 +37,7 @@ from .kubernetes_manifests import (  # noqa: F401 - the launcher's public names
     world_manifests,
     world_name,
 )
-from .kubernetes_world import PodWorlds, in_cluster_address
+from .kubernetes_world import PodWorlds, generation_files, in_cluster_address
 from .remote import SSH_HEARTBEAT_MISSES
 
 
@@ -45,7 +48,12 @@ class KubernetesLauncher(Launcher):
     objects of a world, to apply with ``kubectl apply -f``. A notebook's cluster keeps its
     controller in the kernel; the pods must reach it: at the kernel's pod IP when the
     kernel runs in the cluster (``POD_IP`` from the downward API), else at
-    ``controller_ip``. Every world restart makes a new world (a new Job).
+    ``controller_ip``. A world restart ends the engines in the living pods and starts
+    the next world's there; a world with a pod gone is deleted and made anew (a new Job).
+
+    ``%jaxsys stop --keep-allocation`` keeps the world's pods (their engines end) for the
+    lease's TTL; ``%jaxsys attach`` (``job_id``: ``namespace/name``) starts this kernel's
+    engines in them, and a plain stop then deletes the world.
     """
 
     name = "kubernetes"
@@ -76,6 +84,7 @@ class KubernetesLauncher(Launcher):
     # from the manifests' wrapper, which jaxsys reads first.
     rank_variables = ("JOB_COMPLETION_INDEX",)
     size_variables = ()
+    allocation_kind = KeptWorld
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -85,7 +94,24 @@ class KubernetesLauncher(Launcher):
             raise ValueError(f"launcher_options kind={kind!r}; choose one of {', '.join(KINDS)}")
 
     def make_allocation(self) -> None:
+        # The world is made (or attached to) when the engines launch.
         return None
+
+    @classmethod
+    def job_allocation(cls, job_id, ntasks=1, options=None) -> KeptWorld:
+        return world_allocation(job_id, options)
+
+    @classmethod
+    def attached_stop_note(cls, job_id: str) -> str | None:
+        return None  # a plain stop deletes the world it attached to
+
+    def keep_allocation(self) -> KeptWorld | None:
+        """Keep the running world past the teardown: its engines end and its pods wait
+        the lease's TTL for ``%jaxsys attach``. Returns it, or None when none runs."""
+        if self.worlds is None or self.worlds.name is None:
+            return None
+        self._kept = True
+        return self.allocation
 
     @classmethod
     def batch_job(cls, program, nprocs, out_dir, options):
@@ -118,6 +144,14 @@ class KubernetesLauncher(Launcher):
     def __init__(self, config):
         super().__init__(config)
         self.worlds = None  # kubernetes_world.PodWorlds, made at the first launch
+        # Set by keep_allocation: the teardown then keeps the world instead of deleting it.
+        self._kept = False
+        # The world given by job_id is attached to once; a world restart makes a new one.
+        self._attach_to = config.launcher_options.get("job_id")
+        # Set by kill_engines (a world restart): the next launch runs in the same pods,
+        # or, when they cannot serve it, why the world is made anew.
+        self._in_place = False
+        self._remade: str | None = None
 
     def make_ipp_cluster(self, profile, secure):
         # Refused before a controller starts, so that nothing is left to stop.
@@ -150,19 +184,39 @@ class KubernetesLauncher(Launcher):
         if self.worlds is None:
             self.worlds = PodWorlds(self.config.launcher_options, self.config.nprocs)
         timeout = float(self.config.register_timeout)
-        said_owner = self.worlds.owner_note is not None
-        self.worlds.make(
-            self.ipp.cluster_id,
-            ctx.incarnation,
-            self.one_job_env(ctx),
-            ctx.pki,
-            ctx.profile,
-            timeout,
-            self.nanny_args(),
+        files = generation_files(
+            self.ipp.cluster_id, self.one_job_env(ctx), ctx.pki, ctx.profile, timeout
         )
-        if not said_owner and self.worlds.owner_note:
-            report(f"Kubernetes worlds: {self.worlds.owner_note}", 0, self.config.nprocs)
-        self.worlds.wait_running(report, timeout)
+        if not self._into_living_pods(files, report):
+            if self._remade:
+                report(self._remade, 0, self.config.nprocs)
+                self._remade = None
+            said_owner = self.worlds.owner_note is not None
+            self.worlds.make(self.ipp.cluster_id, ctx.incarnation, files, self.nanny_args())
+            if not said_owner and self.worlds.owner_note:
+                report(f"Kubernetes worlds: {self.worlds.owner_note}", 0, self.config.nprocs)
+        w = self.worlds
+        self.allocation = KeptWorld(
+            f"{w.namespace}/{w.name}", self.config.launcher_options.get("kubeconfig"), w.top_kind
+        )
+        w.wait_running(report, timeout)
+
+    def _into_living_pods(self, files, report) -> bool:
+        """Run generation ``files`` in pods that run already: those of the world to
+        attach to, or, after a world restart, this world's own. False when there are none."""
+        n = self.config.nprocs
+        if self._attach_to:
+            job_id, self._attach_to = self._attach_to, None
+            note, how = self.worlds.attach(job_id, files), f"new engines in its {n} pods"
+        elif self._in_place:
+            self._in_place = False
+            note, how = self.worlds.renew(files), f"a new world in its {n} living pods"
+        else:
+            return False
+        report(f"Kubernetes world {self.worlds.name}: {how}", 0, n)
+        if note:
+            report(f"Kubernetes world {self.worlds.name}: {note}", 0, n)
+        return True
 
     def _engine_fields(self, rank, ctx) -> dict[str, Any]:
         # A pod's engine is not the child of anything of the kernel's: it goes when the
@@ -170,19 +224,45 @@ class KubernetesLauncher(Launcher):
         return {**super()._engine_fields(rank, ctx), "no_pdeathsig": True}
 
     def nanny_args(self) -> list[str]:
-
         return [f"--IPEngine.max_heartbeat_misses={SSH_HEARTBEAT_MISSES}"]
+
+    def kill_engines(self, engine_sets, processes=()) -> None:
+        """For a world restart: end the engines (with their process groups) in their
+        living pods, which then wait for the next launch's generation. When a pod is gone
+        (the fault took it), the world is deleted instead, and the next launch makes it
+        anew and says why."""
+        w = self.worlds
+        if w is None or w.name is None:
+            return
+        name = w.name
+        why = w.end_engines()
+        self._in_place = why is None
+        if why is not None:
+            self._remade = f"Kubernetes world {name}: {why}; its pods are made anew"
+            self._end_world()
+        elif w.nudge_note:
+            print(f"jaxsys: Kubernetes world {name}: {w.nudge_note}", file=sys.stderr)
 
     def kill_remote(self, engine_sets, processes=()) -> None:
         """Delete the world: its Job (its pods with it, what cells started included),
-        Service and Secret; the next world is made anew."""
-        if self.worlds is not None:
-            self.worlds.delete()
+        Service and Secret; the next world is made anew. A kept world is kept instead."""
+        self._end_world()
 
     def release(self) -> None:
         super().release()
-        if self.worlds is not None:
-            self.worlds.delete()
+        self._end_world()
+
+    def _end_world(self) -> None:
+        self._in_place = False  # no pods are left to restart in
+        if self.worlds is None or self.worlds.name is None:
+            return
+        if self._kept:
+            self.worlds.keep()
+            return
+        job_id = f"{self.worlds.namespace}/{self.worlds.name}"
+        self.worlds.delete()
+        # An attach saved it for the next one: it is gone now.
+        forget_saved_world(job_id)
 
     def process_gone(self, p) -> bool:
         if self.worlds is None or not self.worlds.name:
@@ -191,7 +271,6 @@ class KubernetesLauncher(Launcher):
         return pod is None or pod.status.phase in ("Failed", "Succeeded")
 
     def death_reason(self, p) -> str:
-
         pod = self.worlds.pod_of(p.rank, refresh=False) if self.worlds else None
         if pod is None:
             return "its pod is gone"

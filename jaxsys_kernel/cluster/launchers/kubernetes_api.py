@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...errors import ConfigError
 from .kubernetes_manifests import JOB_INDEX_LABEL, WORLD_LABEL
 
 #: The label an Indexed Job puts on each pod: its completion index.
@@ -32,7 +33,13 @@ def api_client(kubeconfig: str | None = None):
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path or Path("~/.kube/config").expanduser().exists():
         return config.new_client_from_config(config_file=path)
-    config.load_incluster_config()
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as e:
+        raise ConfigError(
+            f"no Kubernetes cluster is named here ({e}): set KUBECONFIG, give "
+            "--kubeconfig FILE, or run the kernel in a pod of the cluster"
+        ) from None
     return client.ApiClient()
 
 
@@ -140,6 +147,50 @@ def delete(api, manifests: Sequence[Mapping[str, Any]], who: str = "jaxsys") -> 
                 print(f"{who}: could not delete {kind} {name}: {e.reason}", file=sys.stderr)
         except OSError as e:  # the API server is unreachable: say so, go on
             print(f"{who}: could not delete {kind} {name}: {e}", file=sys.stderr)
+
+
+def read_secret(api, namespace: str, name: str):
+    """The Secret ``name`` as a dict, or None when there is none."""
+    from kubernetes import client  # Deferred: as in api_client
+    from kubernetes.client.rest import ApiException  # Deferred: as in api_client
+
+    try:
+        found = client.CoreV1Api(api).read_namespaced_secret(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return api.sanitize_for_serialization(found)
+
+
+def replace_secret(api, secret: Mapping[str, Any]) -> bool:
+    """Replace a Secret read with :func:`read_secret` (its ``resourceVersion`` kept);
+    False when it changed since it was read (someone else wrote it first)."""
+    from kubernetes import client  # Deferred: as in api_client
+    from kubernetes.client.rest import ApiException  # Deferred: as in api_client
+
+    meta = secret["metadata"]
+    try:
+        client.CoreV1Api(api).replace_namespaced_secret(
+            meta["name"], meta["namespace"], dict(secret)
+        )
+    except ApiException as e:
+        if e.status == 409:
+            return False
+        raise
+    return True
+
+
+def annotate(api, pod, key: str, value: str) -> None:
+    """Set one annotation of a pod (a JSON patch, as every client version sends it)."""
+    from kubernetes import client  # Deferred: as in api_client
+
+    if pod.metadata.annotations:
+        pointer = key.replace("~", "~0").replace("/", "~1")
+        op = {"op": "add", "path": f"/metadata/annotations/{pointer}", "value": value}
+    else:
+        op = {"op": "add", "path": "/metadata/annotations", "value": {key: value}}
+    client.CoreV1Api(api).patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, [op])
 
 
 def pods(api, namespace: str, world: str) -> list:

@@ -51,6 +51,7 @@ OPTIONS = {
     " have ended, e.g. after the kernel died (default 60)",
     "kubeconfig": "the kubeconfig file naming the cluster (default: $KUBECONFIG, ~/.kube/config,"
     " or the cluster of the pod the kernel runs in)",
+    "job_id": "a kept world (namespace/name) to start the engines in, as %jaxsys attach gives",
 }
 KINDS = ("job", "jobset")
 #: JAX's coordinator port on Kubernetes when ``JAX_COORDINATOR_PORT`` is not set.
@@ -81,6 +82,30 @@ def world_name(cluster_id: str, incarnation: int = 0) -> str:
     stem = re.sub(r"[^a-z0-9-]+", "-", cluster_id.lower()).strip("-")
     stem = stem[: MAX_NAME - len(f"jaxsys--{incarnation}")].strip("-")
     return f"jaxsys-{stem}-{incarnation}" if stem else f"jaxsys-{incarnation}"
+
+
+def secret_name(world: str) -> str:
+    """The name of a world's Secret."""
+    return f"{world}-credentials"
+
+
+def split_job_id(job_id: str) -> tuple[str, str]:
+    """``"ml/jaxsys-ab-1"`` -> ``("ml", "jaxsys-ab-1")``: how ``%jaxsys attach`` names a
+    world. The namespace is always given: it tells a world from a Slurm job's id or the
+    key of kept hosts.
+
+    Raises
+    ------
+    ConfigError
+        When ``job_id`` is not ``NAMESPACE/NAME``, each a DNS label.
+    """
+    ns, _, name = job_id.partition("/")
+    if not (_LABEL.match(ns) and _LABEL.match(name)) or max(len(ns), len(name)) > 63:
+        raise ConfigError(
+            "JOB must name a Kubernetes world as NAMESPACE/NAME (DNS labels), e.g. "
+            f"default/jaxsys-1a2b-1, not {job_id!r}"
+        )
+    return ns, name
 
 
 def _check_name(name: str) -> None:
@@ -128,7 +153,7 @@ def credentials_secret(
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": f"{name}-credentials", "namespace": namespace, "labels": dict(labels)},
+        "metadata": {"name": secret_name(name), "namespace": namespace, "labels": dict(labels)},
         "type": "Opaque",
         "data": {k: base64.b64encode(v).decode() for k, v in sorted(files.items())},
     }
@@ -206,7 +231,7 @@ def pod_template(
         *volumes,
         {
             "name": "jaxsys-credentials",
-            "secret": {"secretName": f"{name}-credentials", "defaultMode": 0o400},
+            "secret": {"secretName": secret_name(name), "defaultMode": 0o400},
         },
     ]
     return tpl

@@ -3,50 +3,82 @@
 The kernel keeps its ipyparallel controller; a world is the launcher's manifests
 (:func:`~.kubernetes.world_manifests`) with, in its Secret, what an engine needs to join
 that controller: the controller's engine connection file (with its CurveZMQ keys), the
-engines' ipyparallel config, and every process's certificate and key for mTLS. Pods run
-``python -m ipyparallel.engine`` against those files; pod *i* is process *i* (its Job's
-completion index). Nothing of the kernel's filesystem is needed in the pods.
+engines' ipyparallel config and environment, and every process's certificate and key for
+mTLS. Pod *i* is process *i* (its Job's completion index). Nothing of the kernel's
+filesystem is needed in the pods.
+
+Pods outlive their engines (:mod:`jaxsys_kernel.engine.pod` runs in each): what they run
+is the *generation* the Secret holds. So a world can be kept past its cluster
+(``%jaxsys stop --keep-allocation`` writes a generation without an engine, which ends the
+engines) and taken by the next kernel (``%jaxsys attach`` writes that kernel's
+generation), without making the pods again; the other ways, recreating the pods or
+reaching into them (``kubectl exec``), would lose the pods or need more rights and a
+channel into the cluster. A world restart (``%jaxsys restart``) also runs in the same
+pods: a generation without an engine ends the old engines, the next one starts the new
+world's; only a world with a pod gone is made anew. The kernel annotates the pods after each write, so that the
+kubelet projects the new Secret at once rather than at its next sync, up to a minute
+later. A world whose engines ended (the kernel died, or nobody attached) waits the lease's
+TTL (``JAXSYS_LEASE_TTL``) for a kernel, then its pods end and the cluster deletes it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-import shlex
+import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...engine.pod import (
+    ENGINE_CONFIG,
+    ENGINE_FILE,
+    ENV_FILE,
+    GENERATION,
+    RESTART_PREFIX,
+    WAIT_FILE,
+)
+from ..lease import ttl_s
 from ..profile import controller_file
 from ..records import ClusterStartError
 from . import kubernetes_api as api
-from .kubernetes_manifests import CREDENTIALS_DIR, world_manifests, world_name
+from .kubernetes_manifests import (
+    CREDENTIALS_DIR,
+    secret_name,
+    split_job_id,
+    world_manifests,
+    world_name,
+)
 
-#: Names of the files in a world's Secret besides certificates and keys.
-ENGINE_FILE = "ipcontroller-engine.json"
-ENGINE_CONFIG = "ipengine_config.py"
+__all__ = ["ENGINE_CONFIG", "ENGINE_FILE", "KEPT_LABEL", "PodWorlds", "pod_command"]
+
+#: The label of a kept world's Secret: a kernel may attach to it.
+KEPT_LABEL = "jaxsys.dev/kept"
+#: The pod annotation whose change makes the kubelet project the Secret again.
+GENERATION_ANNOTATION = "jaxsys.dev/generation"
 # Seconds between looks at the pods while they start, and while the cluster runs.
 START_POLL_S = 0.2
 RUN_POLL_S = 2.0
 # Seconds a world's deletion waits for its pods to be gone.
 DELETE_WAIT_S = 15.0
-# A finished Job (its engines gone because the kernel died) is deleted by the cluster
-# this long after, and its Secret and Service with it (launcher option ttl_after_finished).
+# A finished Job (its pods ended: their kernel died and nobody attached within the lease's
+# TTL) is deleted by the cluster this long after, and its Secret and Service with it
+# (launcher option ttl_after_finished).
 TTL_AFTER_FINISHED_S = 60
 
 
-def engine_command(python: str, args: Sequence[str] = ()) -> list[str]:
-    """What each pod runs: an ipyparallel engine (with ``args``) in a profile of its own,
-    made in the pod's temporary directory from the config in the Secret."""
-    creds = shlex.quote(CREDENTIALS_DIR)
-    script = (
-        'P="$(mktemp -d "${TMPDIR:-/tmp}/jaxsys-engine-XXXXXX")" && '
-        f'cp {creds}/{ENGINE_CONFIG} "$P/" && '
-        'exec "$0" -m ipyparallel.engine --profile-dir="$P" '
-        f'--IPEngine.url_file={creds}/{ENGINE_FILE} "$@"'
-    )
-    return ["/bin/sh", "-c", script, python, *args]
+def pod_command(python: str, args: Sequence[str] = (), wait: float | None = None) -> list[str]:
+    """What each pod runs: the engines of one generation after another (``args`` are
+    theirs), each waited for ``wait`` seconds (default: the lease's TTL)."""
+    wait = ttl_s() if wait is None else wait
+    return [
+        *(python, "-m", "jaxsys_kernel.engine.pod"),
+        *(f"--credentials={CREDENTIALS_DIR}", f"--wait={wait:g}", "--"),
+        *args,
+    ]
 
 
 def credential_files(pki) -> dict[str, Path]:
@@ -78,6 +110,32 @@ def pod_env(env: Mapping[str, str], pki, profile: Path | None) -> dict[str, str]
     return out
 
 
+def generation_files(
+    cluster_id: str, env: Mapping[str, str], pki, profile: Path, timeout: float
+) -> dict[str, bytes]:
+    """This kernel's generation, as files of a world's Secret: the controller's engine
+    file (once the controller has written it), the engines' config and environment
+    (:func:`pod_env`), every certificate and key, and the wait after the engines end."""
+    files = {ENGINE_FILE: _engine_file(profile, cluster_id, timeout).encode()}
+    files[ENGINE_CONFIG] = (profile / ENGINE_CONFIG).read_bytes()
+    if pki is not None:
+        files.update({k: p.read_bytes() for k, p in credential_files(pki).items()})
+    files[ENV_FILE] = json.dumps(pod_env(env, pki, profile), sort_keys=True).encode()
+    files[GENERATION] = f"{cluster_id}-{secrets.token_hex(6)}".encode()
+    return {**files, **_wait_file()}
+
+
+def _wait_file() -> dict[str, bytes]:
+    """How long pods wait for a kernel once their engines end: the lease's TTL."""
+    return {WAIT_FILE: f"{ttl_s():g}".encode()}
+
+
+def _named(api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    """What deleting an object needs of its manifest."""
+    meta = {"name": name, "namespace": namespace}
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+
+
 class PodWorlds:
     """The worlds one cluster made on Kubernetes, and what their pods are doing.
 
@@ -100,9 +158,12 @@ class PodWorlds:
         self.name: str | None = None
         self._pods: dict[int, Any] = {}
         self._last_poll = 0.0
+        self.top_kind = "JobSet" if self.options.get("kind") == "jobset" else "Job"
         # The kernel's own pod as the owner of every world, once looked up.
         self._owner: dict[str, Any] | None = None
         self.owner_note: str | None = None
+        # Why the pods saw the last generation only late (end_engines), or None.
+        self.nudge_note: str | None = None
 
     @property
     def client(self):
@@ -110,33 +171,24 @@ class PodWorlds:
             self._api = api.api_client(self.options.get("kubeconfig"))
         return self._api
 
-    def make(
-        self, cluster_id: str, incarnation: int, env, pki, profile: Path, timeout, args=()
-    ) -> None:
-        """Create world ``incarnation``, whose engines run with ``args``: its Secret (with
-        the controller's engine file, once the controller has written it), Service and
-        Job."""
+    def make(self, cluster_id: str, incarnation: int, files: Mapping[str, bytes], args=()) -> None:
+        """Create world ``incarnation`` of this cluster, its Secret holding ``files`` (a
+        generation, :func:`generation_files`), its engines run with ``args``: the Secret,
+        Service and Job."""
         name = world_name(cluster_id, incarnation)
-        files = {ENGINE_FILE: _engine_file(profile, cluster_id, timeout).encode()}
-        files[ENGINE_CONFIG] = (profile / ENGINE_CONFIG).read_bytes()
-        if pki is not None:
-            files.update({k: p.read_bytes() for k, p in credential_files(pki).items()})
         python = self.options.get("python") or "python3"
         manifests = world_manifests(
-            name,
-            self.nprocs,
-            engine_command(python, args),
-            self.options,
-            env=pod_env(env, pki, profile),
-            credentials=files,
+            name, self.nprocs, pod_command(python, args), self.options, credentials=files
         )
         ttl = int(self.options.get("ttl_after_finished", TTL_AFTER_FINISHED_S))
         [top] = [m for m in manifests if m["kind"] in ("Job", "JobSet")]
-        # Should the kernel die, its engines end (no more heartbeats), the Job finishes,
-        # and the cluster deletes it after the TTL: the Secret and Service are its own.
+        # Should the kernel die, its engines end (no more heartbeats), the pods end a
+        # lease's TTL later, the Job finishes, and the cluster deletes it after the TTL:
+        # the Secret and Service are its own.
         top["spec"]["ttlSecondsAfterFinished"] = ttl
         # The last world's pods say nothing of this one's: the next look lists them anew.
         self.manifests, self.name, self._pods, self._last_poll = manifests, name, {}, 0.0
+        self.top_kind = top["kind"]
         owner = self.kernel_owner()
         if owner is not None:
             # A deleted kernel pod takes its world with it at once, not after the TTL.
@@ -147,6 +199,157 @@ class PodWorlds:
             m["metadata"]["ownerReferences"] = [api.owned_by(top, uid)]
         # Pods wait for their Secret (a kubelet retries the mount until it exists).
         api.create(self.client, rest)
+
+    def attach(self, job_id: str, files: Mapping[str, bytes]) -> str | None:
+        """Run this kernel's generation ``files`` in the pods of the kept world
+        ``job_id`` (``namespace/name``); returns a note when the pods could not be told
+        at once.
+
+        Raises
+        ------
+        ClusterStartError
+            When the world is gone, was not kept (a kernel runs on it), another kernel
+            took it first, or its pods are not the cluster's processes.
+        """
+        namespace, name = split_job_id(job_id)
+        self.namespace = namespace
+        secret = api.read_secret(self.client, namespace, secret_name(name))
+        if secret is None:
+            raise ClusterStartError(
+                f"no Kubernetes world {name} in namespace {namespace}: it was deleted, or "
+                "its pods ended when nobody attached within its wait; start a new cluster "
+                "(%jaxsys start --launcher kubernetes ...)"
+            )
+        if (secret["metadata"].get("labels") or {}).get(KEPT_LABEL) != "true":
+            raise ClusterStartError(
+                f"the Kubernetes world {name} is not kept: a kernel runs a cluster on it. "
+                "Stop that cluster with %jaxsys stop --keep-allocation, or start a new one"
+            )
+        pods = self._running_pods(name)
+        owner = (secret["metadata"].get("ownerReferences") or [{}])[0]
+        self.top_kind = owner.get("kind", "Job")
+        top_api = owner.get("apiVersion", "batch/v1")
+        if not self._write(secret, files, kept=False):
+            raise ClusterStartError(
+                f"another kernel took the Kubernetes world {name} first; start a new "
+                "cluster (%jaxsys start --launcher kubernetes ...)"
+            )
+        self.name, self._pods, self._last_poll = name, {}, 0.0
+        self.manifests = [
+            _named("v1", "Secret", secret_name(name), namespace),
+            _named("v1", "Service", name, namespace),
+            _named(top_api, self.top_kind, name, namespace),
+        ]
+        return self._nudge(pods, files[GENERATION].decode())
+
+    def _running_pods(self, name: str) -> list:
+        """The pods of the kept world ``name``, checked to be this cluster's processes."""
+        pods = api.pods(self.client, self.namespace, name)
+        running = [p for p in pods if p.status.phase == "Running"]
+        if len(running) != len(pods) or not pods:
+            ended = sorted(p.metadata.name for p in pods if p not in running)
+            raise ClusterStartError(
+                f"the Kubernetes world {name} has {len(running)} running pods"
+                + (f" ({', '.join(ended)} not running)" if ended else "")
+                + ": nothing to attach to; start a new cluster"
+            )
+        if len(pods) != self.nprocs:
+            raise ClusterStartError(
+                f"the Kubernetes world {name} has {len(pods)} pods, not {self.nprocs}: "
+                f"attach with --hosts {len(pods)}"
+            )
+        jobs = {(p.metadata.labels or {}).get(api.JOB_INDEX_LABEL) for p in pods}
+        self.per_job = len(pods) // len(jobs)
+        return pods
+
+    def keep(self) -> None:
+        """Keep the running world for the next kernel: its Secret's generation becomes
+        one without an engine (its pods end their engines and wait the lease's TTL for
+        an attach), labelled :data:`KEPT_LABEL`; this cluster forgets it. A failure is
+        said on stderr: the pods then end a lease's TTL after their engines."""
+        # Deferred: the kubernetes extra, as in kubernetes_api.
+        from kubernetes.client.rest import ApiException
+
+        name, self.manifests, self.name = self.name, None, None
+        if name is None:
+            return
+        kept = {GENERATION: f"kept-{secrets.token_hex(6)}".encode(), **_wait_file()}
+        try:
+            secret = api.read_secret(self.client, self.namespace, secret_name(name))
+            if secret is not None and self._write(secret, kept, kept=True):
+                pods = api.pods(self.client, self.namespace, name)
+                note = self._nudge(pods, kept[GENERATION])
+                if note:
+                    print(f"jaxsys: {note}", file=sys.stderr)
+                return
+            why = "it is gone" if secret is None else "another kernel wrote its Secret"
+        except (ApiException, OSError) as e:
+            why = str(getattr(e, "reason", None) or e)
+        print(f"jaxsys: could not keep the Kubernetes world {name}: {why}", file=sys.stderr)
+
+    def end_engines(self) -> str | None:
+        """For a world restart in the living pods: a generation without an engine ends
+        each pod's engine (with its process group); the pods wait for the next
+        generation (:meth:`renew`). Returns why the pods cannot serve the next world (a
+        pod is gone, or the Secret), and then changes nothing: the world is made anew."""
+        pods = api.pods(self.client, self.namespace, self.name)
+        why = not_reusable(pods, self.nprocs, self.per_job)
+        if why is not None:
+            return why
+        secret = api.read_secret(self.client, self.namespace, secret_name(self.name))
+        if secret is None:
+            return f"its Secret {secret_name(self.name)} is gone"
+        ended = {GENERATION: f"{RESTART_PREFIX}{secrets.token_hex(6)}".encode(), **_wait_file()}
+        if not self._write(secret, ended, kept=False):
+            return "its Secret was changed by someone else"
+        self.nudge_note = self._nudge(pods, ended[GENERATION])
+        return None
+
+    def renew(self, files: Mapping[str, bytes]) -> str | None:
+        """Run generation ``files`` (this kernel's next world) in the pods whose engines
+        :meth:`end_engines` ended; returns a note when the pods could not be told at once.
+
+        Raises
+        ------
+        ClusterStartError
+            When the Secret is gone or was changed by someone else meanwhile.
+        """
+        secret = api.read_secret(self.client, self.namespace, secret_name(self.name))
+        if secret is None or not self._write(secret, files, kept=False):
+            raise ClusterStartError(
+                f"the Secret of the Kubernetes world {self.name} was deleted or changed "
+                "during the restart; restart again (the world is then made anew)"
+            )
+        pods = api.pods(self.client, self.namespace, self.name)
+        return self._nudge(pods, files[GENERATION])
+
+    def _write(self, secret: dict[str, Any], files: Mapping[str, bytes], kept: bool) -> bool:
+        """Replace the Secret's files with ``files``, labelled kept or not; False when it
+        changed since it was read."""
+        labels = dict(secret["metadata"].get("labels") or {})
+        labels.pop(KEPT_LABEL, None)
+        if kept:
+            labels[KEPT_LABEL] = "true"
+        secret["metadata"]["labels"] = labels
+        secret["data"] = {k: base64.b64encode(v).decode() for k, v in sorted(files.items())}
+        return api.replace_secret(self.client, secret)
+
+    def _nudge(self, pods: Sequence[Any], gen: str | bytes) -> str | None:
+        """Annotate the pods with the generation, so that the kubelet projects the new
+        Secret at once; a note when it could not."""
+        gen = gen.decode() if isinstance(gen, bytes) else gen
+        failed = []
+        for pod in pods:
+            try:
+                api.annotate(self.client, pod, GENERATION_ANNOTATION, gen)
+            except Exception as e:  # noqa: BLE001 - named below; the pods still see it later
+                failed.append(f"{pod.metadata.name} ({getattr(e, 'reason', None) or e})")
+        if not failed:
+            return None
+        return (
+            f"could not annotate pods {', '.join(failed)}: they see the world's new Secret "
+            "at the kubelet's next sync, up to a minute later; allow the kernel to patch pods"
+        )
 
     def kernel_owner(self) -> dict[str, Any] | None:
         """The ownerReference to the kernel's own pod every world gets (looked up once;
@@ -214,6 +417,24 @@ class PodWorlds:
                 return self._pods.get(rank)
             self._pods = {api.rank(p, self.per_job): p for p in found}
         return self._pods.get(rank)
+
+
+def not_reusable(pods: Sequence[Any], nprocs: int, per_job: int) -> str | None:
+    """Why a world's ``pods`` cannot run its next world in place (a pod of a process is
+    gone, ended, being deleted or not running), or None when every process's pod runs."""
+    by_rank = {api.rank(p, per_job): p for p in pods}
+    missing = [r for r in range(nprocs) if r not in by_rank]
+    if missing:
+        return f"the pod of process {missing[0]} is gone"
+    for r in range(nprocs):
+        pod = by_rank[r]
+        if getattr(pod.metadata, "deletion_timestamp", None):
+            return f"pod {pod.metadata.name} (process {r}) is being deleted"
+        if pod.status.phase in ("Failed", "Succeeded"):
+            return f"pod {pod.metadata.name} (process {r}) ended: {api.why_ended(pod)}"
+        if pod.status.phase != "Running":
+            return f"pod {pod.metadata.name} (process {r}) is {pod.status.phase}"
+    return None
 
 
 def _engine_file(profile: Path, cluster_id: str, timeout: float) -> str:

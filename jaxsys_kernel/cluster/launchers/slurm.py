@@ -69,7 +69,7 @@ class SlurmLauncher(Launcher):
         self._kept = False
 
     @classmethod
-    def job_allocation(cls, job_id: str, ntasks: int = 1) -> SlurmAllocation:
+    def job_allocation(cls, job_id: str, ntasks: int = 1, options=None) -> SlurmAllocation:
         if not job_id.isdigit():
             raise ConfigError(f"JOB must be a Slurm job id (digits), not {job_id!r}")
         return SlurmAllocation(job_id=job_id, ntasks=ntasks)
@@ -77,6 +77,17 @@ class SlurmLauncher(Launcher):
     @classmethod
     def attach_refusal(cls, job_id: str) -> str | None:
         return refusal(lease_file(job_id), f"Slurm job {job_id}")
+
+    @classmethod
+    def attached_stop_note(cls, job_id: str) -> str | None:
+        try:
+            job = cls.job_allocation(job_id).describe_job()
+        except ConfigError:
+            return None
+        return (
+            f"jaxsys: {job} keeps running (the cluster was attached to it): "
+            f"%jaxsys attach reuses it; scancel {job_id} gives it back"
+        )
 
     def make_allocation(self) -> None:
         # The job is submitted when the engines launch (_acquire), not before.

@@ -1,0 +1,202 @@
+"""What each pod of a notebook's Kubernetes world runs: one engine after another.
+
+A pod spec cannot change, and every kernel has its own controller, keys and certificates.
+So that a kept world (``%jaxsys stop --keep-allocation``) can serve the next kernel, a pod
+does not run its engine directly: it runs this, which reads from the world's Secret
+(mounted at ``--credentials``) which *generation* of engine to run. A generation's files
+are the controller's engine connection file, the engines' config, the certificates, and
+:data:`ENV_FILE`, the engine's environment. A kernel that takes the world writes a
+generation of its own into the Secret (and annotates the pods: the kubelet then projects
+the Secret again at once, not at its next sync a minute later). This runner:
+
+- starts an engine for each new generation that holds an engine file, in a profile of its
+  own in the pod's temporary directory and in a session of its own;
+- ends that engine, and what its cells started (its process group), once the generation
+  changes: a keep or a world restart writes a generation without an engine file, a new
+  kernel (or the restarted world) one of its own;
+- after an engine ended (its kernel died, or the world was kept), waits :data:`WAIT_FILE`
+  seconds for the next generation (the kernel's lease TTL), then exits 0: the pod
+  succeeds, its Job finishes, and the cluster deletes the world. That wait is the world's
+  lease.
+
+It imports only the standard library and jaxsys's errors: it runs before any engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..errors import JaxsysError
+
+#: The files of a generation in the world's Secret.
+GENERATION = "generation"
+ENGINE_FILE = "ipcontroller-engine.json"
+ENGINE_CONFIG = "ipengine_config.py"
+ENV_FILE = "engine-env.json"
+WAIT_FILE = "wait-s"
+#: How a world restart's generation without an engine is named: the next world follows.
+RESTART_PREFIX = "restart-"
+#: Where the Secret is mounted unless ``--credentials`` says otherwise.
+DEFAULT_CREDENTIALS = "/var/run/jaxsys"
+# Seconds between looks at the generation (a read of one small file).
+POLL_S = 0.2
+# Seconds an engine has to end after SIGTERM when the pod is deleted.
+TERM_WAIT_S = 5.0
+
+
+class Stopped(JaxsysError):
+    """SIGTERM or SIGINT arrived: the pod is being deleted."""
+
+
+def _say(text: str) -> None:
+    print(f"jaxsys pod: {text}", file=sys.stderr, flush=True)
+
+
+def generation(creds: Path) -> str | None:
+    """The generation the Secret holds now, or None while it has none."""
+    try:
+        return (creds / GENERATION).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def wait_s(creds: Path, default: float) -> float:
+    """Seconds to wait for the next generation: what the last kernel wrote, else
+    ``default``."""
+    try:
+        return float((creds / WAIT_FILE).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def reap() -> None:
+    """Collect the exit status of orphans: in a container this process is PID 1."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def next_engine(
+    creds: Path,
+    seen: str | None,
+    default_wait: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Wait for a generation other than ``seen`` that holds an engine file; None when
+    none comes within the wait. A generation without one (a keep) starts the wait anew."""
+    deadline = clock() + wait_s(creds, default_wait)
+    while True:
+        gen = generation(creds)
+        if gen is not None and gen != seen:
+            if (creds / ENGINE_FILE).exists():
+                return gen
+            seen, wait = gen, wait_s(creds, default_wait)
+            deadline = clock() + wait
+            if gen.startswith(RESTART_PREFIX):
+                _say(f"world restart ({gen}): waiting {wait:g} s for the next engine")
+            else:
+                _say(f"kept ({gen}): waiting {wait:g} s for the next kernel")
+        if clock() >= deadline:
+            return None
+        reap()
+        sleep(POLL_S)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def run_engine(creds: Path, gen: str, python: str, args: Sequence[str]) -> int | None:
+    """Run the engine of generation ``gen`` until it ends or the generation changes;
+    its exit code (None when it was replaced)."""
+    config = creds / ENGINE_CONFIG
+    if not config.exists():
+        raise FileNotFoundError(f"{config} is missing from the world's Secret")
+    env = {**os.environ, **json.loads((creds / ENV_FILE).read_text())}
+    profile = Path(tempfile.mkdtemp(prefix="jaxsys-engine-"))
+    shutil.copy(config, profile / ENGINE_CONFIG)
+    argv = [
+        python,
+        *("-m", "ipyparallel.engine", f"--profile-dir={profile}"),
+        f"--IPEngine.url_file={creds / ENGINE_FILE}",
+        *args,
+    ]
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    replaced = False
+    try:
+        while proc.poll() is None:
+            if generation(creds) != gen:
+                replaced = True
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(POLL_S)
+    except Stopped:
+        _killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(TERM_WAIT_S)
+        raise
+    finally:
+        # The engine's process group: the engine, its nanny and what its cells started.
+        _killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+    return None if replaced else proc.returncode
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxsys_kernel.engine.pod",
+        description="Run the engines of a Kubernetes world's pod, one generation after another.",
+    )
+    p.add_argument("--credentials", default=DEFAULT_CREDENTIALS, metavar="DIR")
+    p.add_argument("--wait", type=float, default=45.0, metavar="S")
+    p.add_argument("--python", default=sys.executable, help="the engines' interpreter")
+    p.add_argument("engine_args", nargs="*", help="after --: the engines' arguments")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    creds = Path(args.credentials)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, _stop)
+    seen = None
+    try:
+        while True:
+            gen = next_engine(creds, seen, args.wait)
+            if gen is None:
+                _say("no kernel took this pod within its wait: it ends")
+                return 0
+            seen = gen
+            _say(f"engine of generation {gen} starts")
+            try:
+                code = run_engine(creds, gen, args.python, args.engine_args)
+            except FileNotFoundError as e:
+                _say(f"cannot start the engine: {e}")
+                return 1
+            ended = "replaced" if code is None else f"ended with exit code {code}"
+            _say(f"engine of generation {gen} {ended}")
+    except Stopped as e:
+        _say(f"stopped by {e}")
+        return 143
+
+
+if __name__ == "__main__":
+    sys.exit(main())

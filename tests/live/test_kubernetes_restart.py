@@ -1,0 +1,82 @@
+"""``%jaxsys restart`` of a Kubernetes world in its living pods, through a real kernel
+against the hermetic test cluster (tests/k8s_api.py, tests/k8s_kubelet.py).
+
+The restart ends each pod's engine (a generation without one) and starts the next
+world's in the same pods: the pods keep their uids, the Job is the same, and the next
+cell runs on a fresh JAX world (new engine processes, the next incarnation, a working
+collective). A stop then leaves no pod, Job, Secret, Service or process. The fallback
+(a pod gone: the world is made anew) is tested in tests/live/test_kubernetes_kernel.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ..harness import Kernel
+from ..k8s_kubelet import running
+from .test_kubernetes_kernel import DRAIN_S, _nothing_left
+
+pytestmark = [pytest.mark.live, pytest.mark.timeout(120)]
+
+START = (
+    "%jaxsys start --launcher kubernetes --hosts 2 --devices-per-host 1 --image unused "
+    "--controller-ip 127.0.0.1 --env JAX_PLATFORMS=cpu"
+)
+# Each process: its index, the process count, its world's incarnation, its engine's pid,
+# and a sum across processes (1 + 2).
+WORLD_CELL = (
+    "%%multihost\nimport os, jax, jax.numpy as jnp\n"
+    "from jax.experimental import multihost_utils as mu\n"
+    "total = float(mu.process_allgather(jnp.float32(jax.process_index() + 1)).sum())\n"
+    "print(jax.process_index(), jax.process_count(), os.environ['JAXSYS_INCARNATION'], "
+    "os.getpid(), total)"
+)
+
+
+@pytest.fixture
+def k8s():
+    with running() as cluster:
+        yield cluster
+
+
+def _world(out: str) -> list[list[str]]:
+    """Each process's printed fields, in rank order (without the ``[pN]`` prefix)."""
+    return [line.split()[1:] for line in out.splitlines()]
+
+
+def _pod_uids(k8s) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in k8s.api.list("Pod", "default")}
+
+
+def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
+    conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
+    k = Kernel(tag, extra_env={"KUBECONFIG": str(conf)})
+    try:
+        t0 = time.monotonic()
+        out = k.execute(START, timeout=90)
+        assert out.status == "ok", f"{out.error}\n{out.stderr}"
+        [job] = k8s.api.list("Job", "default")
+        world, pods = job["metadata"]["name"], _pod_uids(k8s)
+        first = _world(k.ok(WORLD_CELL).stdout)
+        assert [(f[0], f[1], f[2], f[4]) for f in first] == [
+            (str(i), "2", "1", "3.0") for i in range(2)
+        ]
+        t1 = time.monotonic()
+        out = k.ok("%jaxsys restart", timeout=60)
+        took = time.monotonic() - t1
+        assert f"Kubernetes world {world}: a new world in its 2 living pods" in out.progress
+        # The same pods and Job; new engines, in the next incarnation of the JAX world.
+        assert _pod_uids(k8s) == pods
+        assert [j["metadata"]["name"] for j in k8s.api.list("Job", "default")] == [world]
+        second = _world(k.ok(WORLD_CELL).stdout)
+        assert [(f[0], f[1], f[2], f[4]) for f in second] == [
+            (str(i), "2", "2", "3.0") for i in range(2)
+        ]
+        assert {f[3] for f in first}.isdisjoint(f[3] for f in second)
+        k.ok("%jaxsys stop")
+        _nothing_left(k8s, tag, k.pid, DRAIN_S)
+        print(f"start, cell, restart ({took:.1f} s), cell, stop: {time.monotonic() - t0:.1f} s")
+    finally:
+        k.shutdown()

@@ -1,0 +1,148 @@
+"""A world restart on Kubernetes in the living pods, checked without a cluster: which pods
+can serve the next world, what ending the engines and starting the next world write, how
+the launcher falls back to new pods (and says so), and what a pod's runner says meanwhile.
+The whole path runs against the test cluster in tests/live/test_kubernetes_restart.py."""
+
+from __future__ import annotations
+
+import datetime
+import types
+
+import pytest
+
+from jaxsys_kernel.cluster.config import ClusterConfig
+from jaxsys_kernel.cluster.launchers import make_launcher
+from jaxsys_kernel.cluster.launchers.kubernetes_world import KEPT_LABEL, not_reusable
+from jaxsys_kernel.cluster.records import ClusterStartError
+from jaxsys_kernel.engine import pod
+
+# The kept world's fakes of the API (cluster_api, state: fixtures used by name).
+from .test_kubernetes_kept import FILES, _Clock, _pod, _worlds, cluster_api, state  # noqa: F401
+
+pytestmark = pytest.mark.unit
+
+
+def _pods(*phases: str) -> list:
+    pods = [_pod(f"w-1-{i}", phase, index=i) for i, phase in enumerate(phases)]
+    for p in pods:  # what why_ended reads
+        p.status.message, p.status.container_statuses = None, None
+    return pods
+
+
+def test_every_processs_pod_running_can_serve_the_next_world():
+    assert not_reusable(_pods("Running", "Running"), 2, 2) is None
+
+
+@pytest.mark.parametrize(
+    ("pods", "said"),
+    [
+        (_pods("Running"), "the pod of process 1 is gone"),
+        (_pods("Running", "Failed"), "pod w-1-1 (process 1) ended: Failed"),
+        (_pods("Succeeded", "Running"), "pod w-1-0 (process 0) ended: Succeeded"),
+        (_pods("Running", "Pending"), "pod w-1-1 (process 1) is Pending"),
+    ],
+)
+def test_a_world_with_a_pod_gone_or_not_running_cannot(pods, said):
+    assert not_reusable(pods, 2, 2) == said
+
+
+def test_a_pod_being_deleted_cannot():
+    pods = _pods("Running", "Running")
+    pods[0].metadata.deletion_timestamp = datetime.datetime(2026, 1, 1)
+    assert not_reusable(pods, 2, 2) == "pod w-1-0 (process 0) is being deleted"
+
+
+def test_ending_the_engines_writes_a_restart_generation_and_nudges_the_pods(cluster_api):  # noqa: F811
+    worlds = _worlds()
+    worlds.name = "w-1"
+    cluster_api.secret["metadata"]["labels"].pop(KEPT_LABEL)
+    assert worlds.end_engines() is None
+    [written] = cluster_api.written
+    # No engine file: each runner ends its engine and waits for the next generation.
+    assert set(written["data"]) == {pod.GENERATION, pod.WAIT_FILE}
+    assert KEPT_LABEL not in written["metadata"]["labels"]
+    gens = {gen for _, gen in cluster_api.annotated}
+    assert [n for n, _ in cluster_api.annotated] == ["w-1-0-a", "w-1-1-b"]
+    assert len(gens) == 1 and gens.pop().startswith(pod.RESTART_PREFIX)
+    assert worlds.nudge_note is None
+    # The next world's generation goes into the same Secret, and the pods are told.
+    assert worlds.renew(FILES) is None
+    assert set(cluster_api.written[-1]["data"]) == set(FILES)
+    assert cluster_api.annotated[-2:] == [("w-1-0-a", "c1-abc"), ("w-1-1-b", "c1-abc")]
+    assert worlds.name == "w-1"
+
+
+def test_a_world_whose_secret_went_or_changed_is_not_restarted_in_place(cluster_api):  # noqa: F811
+    worlds = _worlds()
+    worlds.name = "w-1"
+    cluster_api.conflict = True
+    assert worlds.end_engines() == "its Secret was changed by someone else"
+    with pytest.raises(ClusterStartError, match="deleted or changed during the restart"):
+        worlds.renew(FILES)
+    cluster_api.secret = None
+    assert worlds.end_engines() == "its Secret w-1-credentials is gone"
+    cluster_api.pods = cluster_api.pods[:1]
+    assert worlds.end_engines() == "the pod of process 1 is gone"
+    assert cluster_api.annotated == []
+
+
+class _Worlds:
+    """The launcher's worlds: what a restart asked of them."""
+
+    def __init__(self, why: str | None):
+        self.name, self.namespace, self.top_kind = "w-1", "default", "Job"
+        self.why, self.calls, self.nudge_note, self.owner_note = why, [], None, "none"
+
+    def end_engines(self):
+        self.calls.append("end_engines")
+        return self.why
+
+    def renew(self, files):
+        self.calls.append("renew")
+
+    def make(self, cluster_id, incarnation, files, args=()):
+        self.calls.append("make")
+        self.name = "w-2"
+
+    def delete(self):
+        self.calls.append("delete")
+        self.name = None
+
+    def wait_running(self, report, timeout):
+        pass
+
+
+def _restart(why: str | None) -> tuple[_Worlds, list[str]]:
+    """A world restart as the teardown and the launch do it, with the launcher's worlds
+    faked; returns them and what was reported."""
+    launcher = make_launcher(
+        ClusterConfig(hosts=2, launcher="kubernetes", launcher_options={"image": "i"})
+    )
+    launcher.worlds = worlds = _Worlds(why)
+    launcher.ipp = types.SimpleNamespace(cluster_id="c1")
+    launcher.kill_engines([])
+    said: list[str] = []
+    if not launcher._into_living_pods(FILES, lambda text, done, total: said.append(text)):
+        said.append(launcher._remade)  # what the launch reports before making the world
+    return worlds, said
+
+
+def test_a_restart_runs_the_next_world_in_the_living_pods():
+    worlds, said = _restart(None)
+    assert worlds.calls == ["end_engines", "renew"]
+    assert said == ["Kubernetes world w-1: a new world in its 2 living pods"]
+
+
+def test_a_restart_with_a_pod_gone_deletes_the_world_and_says_why_it_is_made_anew():
+    worlds, said = _restart("the pod of process 1 is gone")
+    assert worlds.calls == ["end_engines", "delete"]
+    assert said == ["Kubernetes world w-1: the pod of process 1 is gone; its pods are made anew"]
+
+
+def test_a_pods_runner_says_a_restart_generation_is_awaited(tmp_path, capsys):
+    clock = _Clock()
+    (tmp_path / pod.GENERATION).write_text(f"{pod.RESTART_PREFIX}1")
+    (tmp_path / pod.WAIT_FILE).write_text("2")
+    assert pod.next_engine(tmp_path, "g1", 5.0, clock, clock.sleep) is None
+    err = capsys.readouterr().err
+    assert f"world restart ({pod.RESTART_PREFIX}1): waiting 2 s for the next engine" in err
