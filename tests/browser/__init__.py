@@ -476,3 +476,28 @@ def screenshot(page, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def describe_notebook(page) -> str:
+    """What the page shows, for a failing test's report: the kernel's status, each cell's
+    prompt and outputs, and the jaxsys sidebar's message and log where it is open.
+
+    A page that cannot be read says so instead of raising over the real failure.
+    """
+    try:
+        return page.evaluate(
+            "() => { const w = window.jupyterapp?.shell?.currentWidget;"
+            " const out = [`kernel: ${w?.sessionContext?.session?.kernel?.status}`];"
+            " for (const [i, c] of [...document.querySelectorAll('.jp-Cell')].entries()) {"
+            "   const p = c.querySelector('.jp-InputArea-prompt')?.textContent ?? '';"
+            "   const o = [...c.querySelectorAll('.jp-OutputArea-output')]"
+            "     .map(n => n.textContent).join(' | ');"
+            "   out.push(`cell ${i} ${p} ${o.slice(-2000)}`); }"
+            " const s = document.querySelector('#jaxsys-sidebar');"
+            " if (s) { out.push('sidebar message: ' +"
+            "   (s.querySelector('.jaxsys-message')?.textContent ?? ''));"
+            "   out.push('sidebar log:\\n' + (s.querySelector('.jaxsys-log')?.textContent ?? '')); }"
+            " return out.join('\\n'); }"
+        )
+    except Exception as e:  # noqa: BLE001 - the report must not hide the failure
+        return f"(the page could not be read: {e})"

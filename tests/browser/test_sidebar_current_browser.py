@@ -18,6 +18,7 @@ import pytest
 from ..browser import (
     Lab,
     available,
+    describe_notebook,
     launch,
     open_notebook,
     run_cell,
@@ -150,6 +151,7 @@ def test_the_sidebar_follows_every_surface(tag, tmp_path):
             screenshot(page, "sidebar-stop-says-why.png")
         except BaseException:
             screenshot(page, "sidebar-current-failure.png")
+            print(describe_notebook(page))
             print(lab.log_tail())
             raise
     assert lab.killed == [], f"outlived the server's shutdown: {lab.killed}"
