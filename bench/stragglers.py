@@ -10,8 +10,10 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    ``%jaxsys where`` reads it. A trial counts when the delayed process is named with its
    category over those 5 steps. ``--undisturbed`` trials (as many by default) count a
    false name.
-2. **Cost**, as a ratio measured side by side in one run (A B A B ...): a cell of 20 steps
-   with the step records on and off. Median cell time with / without. Twice: for a loop
+2. **Cost**, as a ratio measured side by side in one run (A B B A A B ...): a cell of 20
+   steps with the step records on and off, each after an untimed cell that settles the
+   switch. Median cell time with / without, and the median of the pairs' ratios with a
+   bootstrap 95 % interval. Twice: for a loop
    that dispatches its steps ahead (each step's end is stamped by a thread of the
    recorder's, which wakes once per step) and for one that waits for each step (as a loop
    printing its loss does).
@@ -136,23 +138,39 @@ def cost(cluster, reps: int) -> None:
 
 
 def _cost(cluster, reps: int, loop: str, label: str) -> None:
-    code = loop.format(n=20)
-    on, off = [], []
+    code, settle = loop.format(n=20), loop.format(n=2)
+    times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(reps + 1):
-        call(cluster, cluster.ranks, arrivals.enable)
-        a = run(cluster, code)
-        call(cluster, cluster.ranks, arrivals.disable)
-        b = run(cluster, code)
-        if i:  # the first pair warms up
-            on.append(a)
-            off.append(b)
+        # A B, then B A: whatever drifts within a pair (the order itself) cancels out.
+        for on in (True, False) if i % 2 == 0 else (False, True):
+            call(cluster, cluster.ranks, arrivals.enable if on else arrivals.disable)
+            # Untimed: the first cell after a switch pays for the switch (CPython's
+            # monitoring instruments each call site again), which a training run pays once.
+            run(cluster, settle)
+            seconds = run(cluster, code)
+            if i:  # the first pair warms up
+                times[on].append(seconds)
+    on, off = times[True], times[False]
     a, b = statistics.median(on), statistics.median(off)
-    # The spread: quartiles of the ratio within each side-by-side pair.
-    q = statistics.quantiles([x / y for x, y in zip(on, off, strict=True)], n=4)
+    ratios = [x / y for x, y in zip(on, off, strict=True)]
+    # The spread: quartiles of the ratio within each side-by-side pair, and how far the
+    # median ratio itself is known (a bootstrap's 95 % interval).
+    q = statistics.quantiles(ratios, n=4)
+    low, high = _median_interval(ratios)
     print(
         f"cost, {label}: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, "
-        f"ratio {a / b:.3f} (pairs: quartiles {q[0]:.3f}-{q[2]:.3f})"
+        f"ratio {a / b:.3f}; median of {len(ratios)} pairs {statistics.median(ratios):.3f} "
+        f"(95 % interval {low:.3f}-{high:.3f}; pairs' quartiles {q[0]:.3f}-{q[2]:.3f})"
     )
+
+
+def _median_interval(values: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95 % interval of the median of ``values`` (fixed seed: repeatable)."""
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples)
+    )
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def gate(hosts: int, delay: float, init_timeout: float, starts: int, register_timeout=None) -> None:
