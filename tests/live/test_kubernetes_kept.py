@@ -6,6 +6,10 @@ says the world is kept and holds no credentials); the kernel is killed; ``%jaxsy
 in a new kernel finds the world and starts its engines in the same pods, with its own
 credentials; a plain stop then deletes the world and leaves no pod, Job, Secret, Service
 or process.
+
+The kernels run "in" pods of their own (as under JupyterHub): the world belongs to the
+kernel's pod while a kernel runs on it, to nobody while it is kept (deleting the first
+kernel's pod leaves it), and to the attaching kernel's pod after the attach.
 """
 
 from __future__ import annotations
@@ -40,7 +44,13 @@ def k8s():
 
 
 def _pods(k8s) -> dict[str, str]:
-    return {p["metadata"]["uid"]: p["metadata"]["name"] for p in k8s.api.list("Pod", "default")}
+    """The world's pods (not the kernels'), by uid."""
+    pods = k8s.api.list("Pod", "default")
+    return {
+        p["metadata"]["uid"]: p["metadata"]["name"]
+        for p in pods
+        if not p["metadata"]["name"].startswith("notebook-")
+    }
 
 
 def _wait(what: str, test, timeout: float = 20.0):
@@ -51,19 +61,41 @@ def _wait(what: str, test, timeout: float = 20.0):
     return got
 
 
+def _notebook_pod(k8s, name: str) -> str:
+    """A pod for a kernel to run "in" (the test kubelet does not run it); its uid."""
+    pod = k8s.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": []},
+            "status": {"phase": "Running", "podIP": "127.0.0.254"},
+        }
+    )
+    return pod["metadata"]["uid"]
+
+
+def _owners(k8s, world: str) -> list[str]:
+    job = k8s.api.get("Job", "default", world)
+    return [r["uid"] for r in job["metadata"].get("ownerReferences") or []]
+
+
 def test_a_kept_world_is_attached_to_from_a_new_kernel_on_the_same_pods(k8s, tag, tmp_path):
     conf = k8s.api.kubeconfig(tmp_path / "kubeconfig")
     env = {
         "KUBECONFIG": str(conf),
         "JAXSYS_STATE_DIR": str(tmp_path / "state"),
         "JAXSYS_LEASE_TTL": str(TTL_S),
+        "POD_NAMESPACE": "default",
     }
+    first, second = _notebook_pod(k8s, "notebook-a"), _notebook_pod(k8s, "notebook-b")
     t0 = time.monotonic()
-    a, b = Kernel(tag, extra_env=env), None
+    a, b = Kernel(tag, extra_env={**env, "POD_NAME": "notebook-a"}), None
     try:
         a.ok(START, timeout=90)
         [job] = k8s.api.list("Job", "default")
         world, pods = job["metadata"]["name"], _pods(k8s)
+        assert _owners(k8s, world) == [first]
         assert a.ok(WHERE_CELL).stdout == f"[p0] 0 on {world}-0\n[p1] 1 on {world}-1\n"
         out = a.ok("%jaxsys stop --keep-allocation").stdout
         assert f"Kubernetes world {world} in namespace default is kept" in out, out
@@ -74,11 +106,18 @@ def test_a_kept_world_is_attached_to_from_a_new_kernel_on_the_same_pods(k8s, tag
         # The engines end; the pods stay, waiting.
         _wait("kept pods", lambda: all("kept (" in p.read_log() for p in k8s.pods.values()))
         assert _pods(k8s) == pods and len(list(k8s.processes())) == 2
+        # Kept, the world has no owner: the first kernel's pod goes (its server stopped),
+        # and the world stays for the next kernel.
+        assert _owners(k8s, world) == []
+        k8s.api.delete("Pod", "default", "notebook-a")
         os.kill(a.pid, signal.SIGKILL)
-        b = Kernel(tag, extra_env=env)
+        assert _pods(k8s) == pods
+        b = Kernel(tag, extra_env={**env, "POD_NAME": "notebook-b"})
         out = b.execute("%jaxsys attach", timeout=90)
         assert out.status == "ok", f"{out.error}\n{out.stderr}"
         assert f"Kubernetes world {world}: new engines in its 2 pods" in out.progress
+        assert "owned by the kernel's pod notebook-b" in out.progress, out.progress
+        assert _owners(k8s, world) == [second]
         # The same pods, with new engines: process i is still pod i.
         assert b.ok(WHERE_CELL).stdout == f"[p0] 0 on {world}-0\n[p1] 1 on {world}-1\n"
         assert _pods(k8s) == pods
@@ -86,6 +125,7 @@ def test_a_kept_world_is_attached_to_from_a_new_kernel_on_the_same_pods(k8s, tag
         assert "jaxsys.dev/kept" not in secret["metadata"]["labels"]
         # A plain stop deletes the world, and the attach has nothing left to find.
         b.ok("%jaxsys stop")
+        k8s.api.delete("Pod", "default", "notebook-b")  # the only object not the world's
         _nothing_left(k8s, tag, b.pid, DRAIN_S)
         out = b.execute("%jaxsys attach")
         assert out.status == "error" and "no saved job to attach to" in out.error["evalue"]

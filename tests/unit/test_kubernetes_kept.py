@@ -58,8 +58,12 @@ def cluster_api(monkeypatch):
     """The API calls of a world, answered from what the test sets."""
     seen = types.SimpleNamespace(secret=_secret(), pods=[_pod("w-1-0-a"), _pod("w-1-1-b", index=1)])
     seen.written, seen.annotated, seen.conflict = [], [], False
+    # The kernel's own pod (None: the kernel runs outside the cluster), and the owners set.
+    seen.owner, seen.owned = None, []
 
     def replace(api, secret):
+        if isinstance(seen.conflict, Exception):
+            raise seen.conflict  # the API failed
         seen.written.append(json.loads(json.dumps(secret)))
         return not seen.conflict
 
@@ -70,6 +74,20 @@ def cluster_api(monkeypatch):
     monkeypatch.setattr(
         kubernetes_api, "annotate", lambda api, p, k, v: seen.annotated.append((p.metadata.name, v))
     )
+
+    def own_pod_owner(api, namespace):
+        if seen.owner is None:
+            return None, ""
+        return seen.owner, f"owned by the kernel's pod {seen.owner['name']}: deleting it ..."
+
+    def set_owner(api, top, owner):
+        if isinstance(seen.owner_error, Exception):
+            raise seen.owner_error
+        seen.owned.append((top["kind"], top["metadata"]["name"], owner and owner["name"]))
+
+    seen.owner_error = None
+    monkeypatch.setattr(kubernetes_api, "own_pod_owner", own_pod_owner)
+    monkeypatch.setattr(kubernetes_api, "set_owner", set_owner)
     return seen
 
 
@@ -260,6 +278,42 @@ def test_a_keep_writes_a_generation_without_an_engine_labelled_kept(cluster_api)
     assert set(written["data"]) == {pod.GENERATION, pod.WAIT_FILE}
     assert [n for n, _ in cluster_api.annotated] == ["w-1-0-a", "w-1-1-b"]
     assert worlds.name is None
+
+
+NOTEBOOK_POD = {"apiVersion": "v1", "kind": "Pod", "name": "nb-1", "uid": "nb-uid"}
+
+
+def test_an_attaching_kernel_in_a_pod_owns_the_world_and_a_keep_lets_it_go(cluster_api):
+    cluster_api.owner = NOTEBOOK_POD
+    worlds = _worlds()
+    note = worlds.attach("default/w-1", FILES)
+    # Deleting the attaching kernel's pod deletes the world from now on, and it says so.
+    assert cluster_api.owned == [("Job", "w-1", "nb-1")]
+    assert note.startswith("owned by the kernel's pod nb-1"), note
+    # Kept again, the world outlives that pod: nobody owns it; its pods' wait ends it.
+    worlds.keep()
+    assert cluster_api.owned[-1] == ("Job", "w-1", None)
+
+
+def test_a_world_made_by_a_kernel_outside_the_cluster_has_no_owner_to_change(cluster_api):
+    worlds = _worlds()
+    assert worlds.attach("default/w-1", FILES) is None
+    worlds.keep()
+    assert cluster_api.owned == []
+
+
+def test_an_owner_that_cannot_be_changed_is_said(cluster_api, capsys):
+    from kubernetes.client.rest import ApiException
+
+    cluster_api.owner = NOTEBOOK_POD
+    cluster_api.owner_error = ApiException(status=403, reason="Forbidden")
+    worlds = _worlds()
+    note = worlds.attach("default/w-1", FILES)
+    assert note == "not owned by the kernel's pod nb-1 (Forbidden)", note
+    worlds.keep()
+    err = capsys.readouterr().err
+    assert "w-1 is still owned by the kernel's pod (Forbidden)" in err, err
+    assert "deleting that pod deletes the world" in err
 
 
 def test_a_generation_holds_the_engines_files_and_environment(tmp_path):

@@ -86,6 +86,19 @@ def test_a_world_whose_secret_went_or_changed_is_not_restarted_in_place(cluster_
     assert cluster_api.annotated == []
 
 
+def test_an_api_that_fails_while_the_engines_end_makes_the_world_anew(cluster_api):  # noqa: F811
+    from kubernetes.client.rest import ApiException
+
+    worlds = _worlds()
+    worlds.name = "w-1"
+    cluster_api.secret["metadata"]["labels"].pop(KEPT_LABEL)
+    cluster_api.conflict = ApiException(status=503, reason="Service Unavailable")
+    # Whether the pods saw the end is unknown: the launcher deletes the world and makes it
+    # anew, saying why (test_a_restart_with_a_pod_gone_deletes_the_world_and_says_why_...).
+    assert worlds.end_engines() == "the Kubernetes API failed (Service Unavailable)"
+    assert cluster_api.annotated == []
+
+
 class _Worlds:
     """The launcher's worlds: what a restart asked of them."""
 

@@ -121,6 +121,26 @@ def own_pod_owner(api, namespace: str) -> tuple[dict[str, Any] | None, str]:
     return ref, f"owned by the kernel's pod {name}: deleting it deletes the world"
 
 
+def set_owner(api, top: Mapping[str, Any], owner: Mapping[str, Any] | None) -> None:
+    """Make ``owner`` (an ownerReference, None: nobody) the only owner of a world's Job or
+    JobSet ``top`` (a manifest naming it): the garbage collector deletes it with its owner.
+
+    A JSON patch replaces the whole list, as a strategic merge patch (which merges owner
+    references by uid) would not.
+    """
+    from kubernetes import client  # Deferred: as in api_client
+
+    name, ns = top["metadata"]["name"], top["metadata"]["namespace"]
+    op = [{"op": "add", "path": "/metadata/ownerReferences", "value": [owner] if owner else []}]
+    if top["kind"] == "JobSet":
+        group, version = top["apiVersion"].split("/")
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            group, version, ns, "jobsets", name, op
+        )
+    else:
+        client.BatchV1Api(api).patch_namespaced_job(name, ns, op)
+
+
 def delete(api, manifests: Sequence[Mapping[str, Any]], who: str = "jaxsys") -> None:
     """Delete every object (a Job's pods with it, in the foreground); those already gone
     are skipped, other failures are named on stderr and the rest still deleted."""

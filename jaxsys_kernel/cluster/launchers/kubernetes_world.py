@@ -45,6 +45,7 @@ from ..lease import ttl_s
 from ..profile import controller_file
 from ..records import ClusterStartError
 from . import kubernetes_api as api
+from . import kubernetes_owner as owner_of
 from .kubernetes_manifests import (
     CREDENTIALS_DIR,
     secret_name,
@@ -240,7 +241,19 @@ class PodWorlds:
             _named("v1", "Service", name, namespace),
             _named(top_api, self.top_kind, name, namespace),
         ]
-        return self._nudge(pods, files[GENERATION].decode())
+        notes = [self._nudge(pods, files[GENERATION].decode()), self._adopt()]
+        return "; ".join(n for n in notes if n) or None
+
+    def _top(self, manifests: Sequence[Mapping[str, Any]] | None) -> Mapping[str, Any] | None:
+        return next((m for m in manifests or () if m["kind"] in ("Job", "JobSet")), None)
+
+    def _adopt(self) -> str | None:
+        """Where the attaching kernel runs in a pod, it owns the world from now on; a note
+        saying so, or why not."""
+        owner, top = self.kernel_owner(), self._top(self.manifests)
+        if owner is None or top is None:
+            return self.owner_note or None
+        return owner_of.adopt(self.client, top, owner, self.owner_note or "")
 
     def _running_pods(self, name: str) -> list:
         """The pods of the kept world ``name``, checked to be this cluster's processes."""
@@ -270,7 +283,7 @@ class PodWorlds:
         # Deferred: the kubernetes extra, as in kubernetes_api.
         from kubernetes.client.rest import ApiException
 
-        name, self.manifests, self.name = self.name, None, None
+        name, manifests, self.manifests, self.name = self.name, self.manifests, None, None
         if name is None:
             return
         kept = {GENERATION: f"kept-{secrets.token_hex(6)}".encode(), **_wait_file()}
@@ -281,6 +294,8 @@ class PodWorlds:
                 note = self._nudge(pods, kept[GENERATION])
                 if note:
                     print(f"jaxsys: {note}", file=sys.stderr)
+                if self._owner is not None and (top := self._top(manifests)) is not None:
+                    owner_of.disown(self.client, top, name)  # a kept world outlives its pod
                 return
             why = "it is gone" if secret is None else "another kernel wrote its Secret"
         except (ApiException, OSError) as e:
@@ -291,17 +306,24 @@ class PodWorlds:
         """For a world restart in the living pods: a generation without an engine ends
         each pod's engine (with its process group); the pods wait for the next
         generation (:meth:`renew`). Returns why the pods cannot serve the next world (a
-        pod is gone, or the Secret), and then changes nothing: the world is made anew."""
-        pods = api.pods(self.client, self.namespace, self.name)
-        why = not_reusable(pods, self.nprocs, self.per_job)
-        if why is not None:
-            return why
-        secret = api.read_secret(self.client, self.namespace, secret_name(self.name))
-        if secret is None:
-            return f"its Secret {secret_name(self.name)} is gone"
-        ended = {GENERATION: f"{RESTART_PREFIX}{secrets.token_hex(6)}".encode(), **_wait_file()}
-        if not self._write(secret, ended, kept=False):
-            return "its Secret was changed by someone else"
+        pod is gone, or the Secret, or the API failed on the way), and then the world is
+        made anew."""
+        from kubernetes.client.rest import ApiException  # Deferred: as in keep
+
+        try:
+            pods = api.pods(self.client, self.namespace, self.name)
+            why = not_reusable(pods, self.nprocs, self.per_job)
+            if why is not None:
+                return why
+            secret = api.read_secret(self.client, self.namespace, secret_name(self.name))
+            if secret is None:
+                return f"its Secret {secret_name(self.name)} is gone"
+            ended = {GENERATION: f"{RESTART_PREFIX}{secrets.token_hex(6)}".encode()}
+            if not self._write(secret, {**ended, **_wait_file()}, kept=False):
+                return "its Secret was changed by someone else"
+        except (ApiException, OSError) as e:
+            # Whether the pods saw the end is unknown: only new pods are sure to be clean.
+            return f"the Kubernetes API failed ({getattr(e, 'reason', None) or e})"
         self.nudge_note = self._nudge(pods, ended[GENERATION])
         return None
 
