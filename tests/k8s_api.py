@@ -5,7 +5,9 @@ kinds a jaxsys world is made of (Pods, Services, Secrets, Jobs, JobSets): create
 (with label and field selectors), replace (refused with 409 when the ``resourceVersion``
 given is not the object's), patch (JSON patch ``add``/``replace``/``remove``, or a merge
 patch), delete, and a pod's log. A bearer token is required, as a
-real API server's authentication does; RBAC is not modelled. There are no controllers here:
+real API server's authentication does, and a token given rules (:meth:`ApiServer.grant`, the
+Roles of docs/clusters.md: tests/k8s_rbac.py) may do only what they allow, as RBAC would
+refuse it (403). There are no controllers here:
 :mod:`tests.k8s_kubelet` subscribes to changes and plays the Job and JobSet controllers and
 the kubelet.
 
@@ -32,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.k8s_rbac import allows
+
 # (group/version, plural) -> kind, for the resources served.
 RESOURCES = {
     ("v1", "pods"): "Pod",
@@ -41,6 +45,18 @@ RESOURCES = {
     ("jobset.x-k8s.io/v1alpha2", "jobsets"): "JobSet",
 }
 _START_TIMEOUT = 10.0
+
+
+def _verb(request: web.Request) -> str:
+    """The RBAC verb of a request."""
+    named = "name" in request.match_info
+    if request.method == "GET":
+        if named:
+            return "get"
+        return "watch" if request.query.get("watch") in ("1", "true") else "list"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        request.method, request.method.lower()
+    )
 
 
 def _free_port() -> int:
@@ -159,7 +175,14 @@ class ApiServer:
     def __init__(self, directory: Path):
         self.directory = directory
         self.ca, self._cert, self._key = make_tls(directory)
+        #: The administrator's token: every request (the tests' own, kubectl's).
         self.token = secrets.token_urlsafe(24)
+        #: Token -> its Role's rules (None: everything).
+        self.grants: dict[str, list[dict[str, Any]] | None] = {self.token: None}
+        #: The token of the kubeconfigs :meth:`kubeconfig` writes unless told otherwise.
+        self.default_token = self.token
+        #: Requests refused for want of a right: (token's rules' name, verb, resource).
+        self.forbidden: list[tuple[str, str, str]] = []
         self.port = _free_port()
         self.host = "127.0.0.1"
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -337,13 +360,34 @@ class ApiServer:
         body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv}
         return web.json_response({**body, "resources": resources})
 
+    def grant(self, rules: list[dict[str, Any]]) -> str:
+        """A new token that may do what ``rules`` (a Role's) allow; the token."""
+        token = secrets.token_urlsafe(24)
+        self.grants[token] = rules
+        return token
+
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         self.requests.append((request.method, request.path_qs))
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         # The scheme is case-insensitive (the in-cluster client sends "bearer").
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token, self.token):
+        found = [t for t in self.grants if secrets.compare_digest(token.encode(), t.encode())]
+        if scheme.lower() != "bearer" or not found:
             return _status(401, "Unauthorized", "Unauthorized")
+        rules, info = self.grants[found[0]], request.match_info
+        if rules is not None and "plural" in info:  # discovery is every user's
+            verb = _verb(request)
+            group, resource = info.get("group", ""), info["plural"]
+            if request.path.endswith("/log"):
+                resource += "/log"
+            if not allows(rules, verb, group, resource):
+                self.forbidden.append((verb, group, resource))
+                return _status(
+                    403,
+                    "Forbidden",
+                    f'{resource} is forbidden: the Role of this token cannot "{verb}" '
+                    f'resource "{resource}" in API group "{group}"',
+                )
         return await handler(request)
 
     def _kind(self, request: web.Request) -> str | None:
@@ -460,8 +504,9 @@ class ApiServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(_START_TIMEOUT)
 
-    def kubeconfig(self, path: Path, namespace: str = "default") -> Path:
-        """A kubeconfig for this server (for ``kubectl`` and the client outside pods)."""
+    def kubeconfig(self, path: Path, namespace: str = "default", token: str | None = None) -> Path:
+        """A kubeconfig for this server (for ``kubectl`` and the client outside pods),
+        with ``token`` (else :attr:`default_token`)."""
         conf = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -471,7 +516,7 @@ class ApiServer:
                     "cluster": {"server": self.url, "certificate-authority": str(self.ca)},
                 }
             ],
-            "users": [{"name": "test", "user": {"token": self.token}}],
+            "users": [{"name": "test", "user": {"token": token or self.default_token}}],
             "contexts": [
                 {
                     "name": "test",

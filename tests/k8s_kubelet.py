@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s_api import ApiServer
+from tests.k8s_rbac import ENGINE_ROLE, KERNEL_ROLE, documented_roles
 
 SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"
 _POLL_S = 0.05
@@ -159,7 +160,10 @@ class TestCluster:
         self._made = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="jaxsys-k8s-"))
         self.api = ApiServer(self.dir).start()
-        self.token = self.api.token
+        # The kernel and the pods have the rights docs/clusters.md gives them, no more.
+        roles = documented_roles()
+        self.api.default_token = self.api.grant(roles[KERNEL_ROLE])
+        self.token = self.api.grant(roles[ENGINE_ROLE])
         self.pods: dict[str, Pod] = {}
         self._next_ip = _FIRST_IP
         self._stop = threading.Event()

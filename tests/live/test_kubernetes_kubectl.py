@@ -22,7 +22,8 @@ def kubectl(tmp_path):
         pytest.skip(why)
     cluster = TestCluster()
     env = {
-        "KUBECONFIG": str(cluster.api.kubeconfig(tmp_path / "kubeconfig")),
+        # The user's own rights (an administrator's here), not the kernel's Role.
+        "KUBECONFIG": str(cluster.api.kubeconfig(tmp_path / "kubeconfig", token=cluster.api.token)),
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
     }
