@@ -387,7 +387,9 @@ def open_notebook(page, lab: Lab, name: str, timeout: float = 120.0) -> None:
     """
     page.goto(lab.page_url(f"lab/tree/{name}"), timeout=timeout * 1000)
     page.wait_for_function(f"({_KERNEL_STATUS})() === 'idle'", timeout=timeout * 1000)
-    wait_for(page, ".jp-NotebookPanel .jp-Cell", timeout)
+    # A visible cell: Lab restores the notebooks open before, whose hidden panels may come
+    # first in the page.
+    wait_for(page, ".jp-NotebookPanel .jp-Cell >> visible=true", timeout)
 
 
 def _command(page, command: str) -> None:
