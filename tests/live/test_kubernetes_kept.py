@@ -22,7 +22,7 @@ import pytest
 
 from ..harness import Kernel
 from ..k8s_kubelet import running
-from .test_kubernetes_kernel import DRAIN_S, _nothing_left
+from .test_kubernetes_kernel import DRAIN_S, _nothing_left, notebook_pod
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(120)]
 
@@ -61,20 +61,6 @@ def _wait(what: str, test, timeout: float = 20.0):
     return got
 
 
-def _notebook_pod(k8s, name: str) -> str:
-    """A pod for a kernel to run "in" (the test kubelet does not run it); its uid."""
-    pod = k8s.api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {"containers": []},
-            "status": {"phase": "Running", "podIP": "127.0.0.254"},
-        }
-    )
-    return pod["metadata"]["uid"]
-
-
 def _owners(k8s, world: str) -> list[str]:
     job = k8s.api.get("Job", "default", world)
     return [r["uid"] for r in job["metadata"].get("ownerReferences") or []]
@@ -88,7 +74,7 @@ def test_a_kept_world_is_attached_to_from_a_new_kernel_on_the_same_pods(k8s, tag
         "JAXSYS_LEASE_TTL": str(TTL_S),
         "POD_NAMESPACE": "default",
     }
-    first, second = _notebook_pod(k8s, "notebook-a"), _notebook_pod(k8s, "notebook-b")
+    first, second = (notebook_pod(k8s, n)["metadata"]["uid"] for n in ("notebook-a", "notebook-b"))
     t0 = time.monotonic()
     a, b = Kernel(tag, extra_env={**env, "POD_NAME": "notebook-a"}), None
     try:

@@ -78,6 +78,20 @@ def _nothing_left(k8s, tag: str, kernel_pid: int | None, within: float) -> float
     return time.monotonic() - t0
 
 
+def notebook_pod(k8s, name: str) -> dict:
+    """A pod for a kernel to run "in" (``POD_NAME``): the test kubelet does not run it,
+    as it is already Running."""
+    return k8s.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": []},
+            "status": {"phase": "Running", "podIP": "127.0.0.254"},
+        }
+    )
+
+
 def test_a_kubernetes_cluster_from_the_kernel(k8s, tag):
     k = _kernel(k8s, tag)
     try:
@@ -155,16 +169,7 @@ def test_a_killed_kernels_world_is_gone_after_its_ttl(k8s, tag):
 
 
 def test_a_kernel_pods_worlds_are_its_own_and_go_when_it_is_deleted(k8s, tag):
-    # The kernel runs "in" a pod the test kubelet does not run (it is already Running).
-    kernel_pod = k8s.api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "notebook-0"},
-            "spec": {"containers": []},
-            "status": {"phase": "Running", "podIP": "127.0.0.254"},
-        }
-    )
+    kernel_pod = notebook_pod(k8s, "notebook-0")
     conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
     env = {"KUBECONFIG": str(conf), "POD_NAME": "notebook-0", "POD_NAMESPACE": "default"}
     k = Kernel(tag, extra_env=env)

@@ -121,6 +121,12 @@ def own_pod_owner(api, namespace: str) -> tuple[dict[str, Any] | None, str]:
     return ref, f"owned by the kernel's pod {name}: deleting it deletes the world"
 
 
+def failure(e: BaseException) -> str:
+    """What an API call's error says in one phrase: the API's reason (``Forbidden``), else
+    the error itself (an unreachable server)."""
+    return str(getattr(e, "reason", None) or e)
+
+
 def set_owner(api, top: Mapping[str, Any], owner: Mapping[str, Any] | None) -> None:
     """Make ``owner`` (an ownerReference, None: nobody) the only owner of a world's Job or
     JobSet ``top`` (a manifest naming it): the garbage collector deletes it with its owner.

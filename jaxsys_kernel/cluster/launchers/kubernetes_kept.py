@@ -84,7 +84,7 @@ class KeptWorld(Allocation):
         except (ApiException, OSError) as e:
             raise ClusterStartError(
                 f"the Kubernetes API did not answer about {self.describe_job()}: "
-                f"{getattr(e, 'reason', None) or e}; check the kubeconfig (--kubeconfig)"
+                f"{api.failure(e)}; check the kubeconfig (--kubeconfig)"
             ) from None
         if secret is None or not pods:
             return JobStatus(

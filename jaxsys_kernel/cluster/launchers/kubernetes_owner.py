@@ -23,10 +23,9 @@ def disown(client, top: Mapping[str, Any], name: str) -> None:
     try:
         api.set_owner(client, top, None)
     except (ApiException, OSError) as e:
-        why = getattr(e, "reason", None) or e
         print(
             f"jaxsys: the Kubernetes world {name} is still owned by the kernel's pod "
-            f"({why}): deleting that pod deletes the world",
+            f"({api.failure(e)}): deleting that pod deletes the world",
             file=sys.stderr,
         )
 
@@ -39,7 +38,7 @@ def adopt(client, top: Mapping[str, Any], owner: Mapping[str, Any], note: str) -
     try:
         api.set_owner(client, top, owner)
     except (ApiException, OSError) as e:
-        return f"not owned by the kernel's pod {owner['name']} ({getattr(e, 'reason', None) or e})"
+        return f"not owned by the kernel's pod {owner['name']} ({api.failure(e)})"
     return note
 
 

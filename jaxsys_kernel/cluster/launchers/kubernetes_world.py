@@ -299,7 +299,7 @@ class PodWorlds:
                 return
             why = "it is gone" if secret is None else "another kernel wrote its Secret"
         except (ApiException, OSError) as e:
-            why = str(getattr(e, "reason", None) or e)
+            why = api.failure(e)
         print(f"jaxsys: could not keep the Kubernetes world {name}: {why}", file=sys.stderr)
 
     def end_engines(self) -> str | None:
@@ -323,7 +323,7 @@ class PodWorlds:
                 return "its Secret was changed by someone else"
         except (ApiException, OSError) as e:
             # Whether the pods saw the end is unknown: only new pods are sure to be clean.
-            return f"the Kubernetes API failed ({getattr(e, 'reason', None) or e})"
+            return f"the Kubernetes API failed ({api.failure(e)})"
         self.nudge_note = self._nudge(pods, ended[GENERATION])
         return None
 
@@ -365,7 +365,7 @@ class PodWorlds:
             try:
                 api.annotate(self.client, pod, GENERATION_ANNOTATION, gen)
             except Exception as e:  # noqa: BLE001 - named below; the pods still see it later
-                failed.append(f"{pod.metadata.name} ({getattr(e, 'reason', None) or e})")
+                failed.append(f"{pod.metadata.name} ({api.failure(e)})")
         if not failed:
             return None
         return (
