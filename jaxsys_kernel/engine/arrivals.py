@@ -15,6 +15,15 @@ of the host's start and the previous step's end, and its ``dispatch`` no earlier
 Time spent waiting for the others inside a collective is then counted inside the step, not
 in the next step's host time, whether or not the loop reads its results.
 
+A loop that waits for each step (``w.block_until_ready()``, ``print(loss)``, ``float(loss)``)
+stamps the end itself: the step's arrays are taken as the wait is called, while the devices
+work, and the end is read on the main thread when the wait returns, so the thread does not
+wake twice a step. Only waits seen returning count (calls into C: an array's
+``block_until_ready``, ``float``, ``int``, ``print``, ``numpy.asarray``; a Python function
+such as ``jax.block_until_ready`` gives no return to see). Anything else the cell calls
+while a step still runs hands the step to the thread, so a step that ends while the host is
+busy elsewhere is still stamped when it ended.
+
 The calls are seen through Python's own monitoring (:mod:`sys.monitoring`, a ``CALL`` event
 per call site and ``C_RETURN``), switched off at the first look for every call site outside a
 cell, so library code costs one look per site. The records stay in this process (at most
@@ -29,6 +38,7 @@ each step's dispatch, in host code, in the input pipeline's account, or in its c
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
@@ -37,8 +47,9 @@ from collections.abc import Callable
 
 from IPython import get_ipython
 
+from . import step_calls
 from .state import STATE
-from .step_ends import StepEnds, wait_arrays
+from .step_ends import StepEnds, arrays_ready, wait_arrays
 
 # Steps kept per cell; later ones are counted in ``dropped``.
 MAX_STEPS = 100_000
@@ -63,26 +74,6 @@ def _is_jitted(fn) -> bool:
     return type(fn).__name__ == "PjitFunction"
 
 
-def _spans_processes(result) -> bool:
-    """Whether the call's result lives on devices of more than this process."""
-    import jax  # Deferred: only called on a jitted call's result, JAX is loaded by then.
-
-    leaves = jax.tree_util.tree_leaves(result)
-    return any(not getattr(leaf, "is_fully_addressable", True) for leaf in leaves)
-
-
-def _unfinished() -> list:
-    """The arrays this process is still computing, the call's result among them.
-
-    The monitoring event that ends a call hands over its first argument, not what it
-    returned (and a jitted call returns before its devices finish), so the result is found
-    among the process's live arrays: at that moment it is one of them.
-    """
-    import jax  # Deferred: as in _spans_processes.
-
-    return [a for a in jax.live_arrays() if not a.is_ready()]
-
-
 class Recorder:
     """One process's step records for the running cell.
 
@@ -96,6 +87,8 @@ class Recorder:
         ``unfinished()``: the arrays a step's end waits for, taken as its call returns.
     wait : callable
         ``wait(arrays)``: returns once they are computed.
+    ready : callable
+        ``ready(arrays)``: whether they are computed already, without waiting.
     sleep : callable
         Used for injected delays.
     background : bool
@@ -106,14 +99,15 @@ class Recorder:
     def __init__(
         self,
         clock: Callable[[], float] = time.time,
-        spans: Callable = _spans_processes,
-        unfinished: Callable[[], list] = _unfinished,
+        spans: Callable = step_calls.spans_processes,
+        unfinished: Callable[[], list] = step_calls.unfinished,
         wait: Callable[[list], None] = wait_arrays,
+        ready: Callable[[list], bool] = arrays_ready,
         sleep: Callable[[float], None] = time.sleep,
         background: bool = False,
     ):
         self.clock, self.spans, self.sleep = clock, spans, sleep
-        self.unfinished, self.wait = unfinished, wait
+        self.unfinished, self.wait, self.ready = unfinished, wait, ready
         self.steps: list[dict] = []
         self.dropped = 0
         self.delay: tuple[float, str] | None = None
@@ -121,6 +115,10 @@ class Recorder:
         self._cell = 0
         # ids of the arrays handed over with steps whose end is still awaited
         self._held: set[int] = set()
+        # The step just returned, kept on this thread until the cell's next call says
+        # whether it waits for it (one of step_calls.waits()) or goes on (it goes to the thread).
+        self._pending: list | None = None
+        self._waiting = False
         # The thread stamping ends appends records while the main thread begins cells.
         self._lock = threading.Lock()
         self.ends = StepEnds(self._finish, wait, clock) if background else None
@@ -128,6 +126,7 @@ class Recorder:
 
     def begin_cell(self) -> None:
         """Start a cell: no steps yet, its work begins now."""
+        self._pending, self._waiting = None, False
         with self._lock:
             self.steps, self.dropped, self._depth = [], 0, 0
             self._cell += 1  # ends still awaited from an earlier cell are not its steps
@@ -150,6 +149,7 @@ class Recorder:
         self._depth += 1
         if self._depth > 1:
             return  # a call traced inside another: part of the outer one's compile
+        self.settle()
         if self.delay is not None:
             seconds, where = self.delay
             if where in ("host", "input"):
@@ -170,18 +170,71 @@ class Recorder:
         if self._depth or self._dispatch is None:
             return
         dispatch, self._dispatch = self._dispatch, None
-        if result is None or not self.spans(result):
+        if result is None:
             return
+        item = (self._cell, min(self._start, dispatch), dispatch, self._input, self._compile)
+        item += (self._compute,)
+        if self.ends is not None:
+            # Looked at when the cell's next call says whether it waits (settle): the look
+            # then runs while the devices work, and a loop that waits stamps the end itself.
+            self._pending = [item, result, (self._start, self._input), None]
+            self._start, self._input = self.clock(), 0.0
+            return
+        if not self.spans(result):
+            return
+        arrays = self._hand_over()
+        self._start, self._input = self.clock(), 0.0
+        self.wait(arrays)
+        self._finish(item + (tuple(id(a) for a in arrays),), self.clock())
+
+    def _hand_over(self) -> list:
+        """The arrays still being computed that no earlier step holds, now held by this one."""
         # Each array is handed over once, with the step that made it: held by every later
         # step too, arrays the loop dropped would stay allocated while the host runs ahead.
         arrays = [a for a in self.unfinished() if id(a) not in self._held]
-        held = tuple(id(a) for a in arrays)
-        self._held.update(held)
-        item = (self._cell, min(self._start, dispatch), dispatch, self._input, self._compile)
-        item += (self._compute, held)
-        self._start, self._input = self.clock(), 0.0
-        if self.ends is None:
-            self.wait(arrays)
+        self._held.update(id(a) for a in arrays)
+        return arrays
+
+    def _look(self) -> bool:
+        """Whether the step kept here is one (its argument spans), its arrays now taken."""
+        pending = self._pending
+        if pending[3] is None:
+            if not self.spans(pending[1]):
+                self._start, self._input = pending[2]  # not a step: its host time goes on
+                self._pending = None
+                return False
+            pending[1] = None  # the argument is not held past this look
+            pending[3] = self._hand_over()
+        return True
+
+    def before_call(self, wait: bool) -> None:
+        """The cell calls something other than a jitted function; ``wait``: one of step_calls.waits()."""
+        if self._pending is None:
+            return
+        if not wait:
+            self.settle()
+        elif self._look():
+            self._waiting = True  # its end is read when the wait returns (after_call)
+
+    def after_call(self) -> None:
+        """A call into C from the cell returned: the end of a step it waited for is now."""
+        if self._waiting:
+            self.settle()
+
+    def settle(self) -> None:
+        """End the step kept here now if it is computed, or hand it to the thread.
+
+        Steps end in order, so one is stamped here only while the thread has none left. Its
+        arrays are looked at only after a wait (:func:`.step_calls.waits`): anywhere else, a step with
+        arrays still running at its call's return goes to the thread.
+        """
+        waited, self._waiting = self._waiting, False
+        if self._pending is None or not self._look():
+            return
+        item, _, _, arrays = self._pending
+        self._pending = None
+        item += (tuple(id(a) for a in arrays),)
+        if self.ends.idle() and (not arrays or (waited and self.ready(arrays))):
             self._finish(item, self.clock())
         else:
             self.ends.put(item, arrays)
@@ -215,7 +268,10 @@ class Recorder:
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         """Wait up to ``timeout`` s for the ends of steps still running; whether all came."""
-        return True if self.ends is None else self.ends.drain(timeout)
+        if self.ends is None:
+            return True
+        self.settle()
+        return self.ends.drain(timeout)
 
     def close(self) -> None:
         """Stop the thread stamping ends."""
@@ -231,7 +287,7 @@ def _tool_id() -> int | None:
     return None
 
 
-def _callbacks(rec: Recorder):
+def _callbacks(rec: Recorder, waits: tuple):
     mon = sys.monitoring
 
     def on_call(code, _offset, fn, _arg0):
@@ -239,18 +295,28 @@ def _callbacks(rec: Recorder):
             return mon.DISABLE
         if _is_jitted(fn):
             rec.on_call()
+        else:
+            rec.before_call(step_calls.is_wait(fn, waits))
         return None
 
     # C_RETURN passes the call's first argument, not its result: a step is a call whose
     # first argument spans processes (a training step's state or batch does), and its end
-    # is when every array still being computed is ready (see _unfinished).
+    # is when every array still being computed is ready (see step_calls.unfinished).
     def on_c_return(code, _offset, fn, arg0):
-        if _is_jitted(fn) and _is_cell_file(code.co_filename):
+        if not _is_cell_file(code.co_filename):
+            return
+        if _is_jitted(fn):
             rec.on_return(arg0)
+        else:
+            rec.after_call()
 
     def on_c_raise(code, _offset, fn, _exc):
-        if _is_jitted(fn) and _is_cell_file(code.co_filename):
+        if not _is_cell_file(code.co_filename):
+            return
+        if _is_jitted(fn):
             rec.on_return(None)
+        else:
+            rec.after_call()
 
     return on_call, on_c_return, on_c_raise
 
@@ -266,6 +332,12 @@ def _pre_run_cell(_info) -> None:
         STATE.arrivals.begin_cell()
 
 
+def _post_run_cell(_result) -> None:
+    # A step the cell's last line left running goes to the thread now, not when read.
+    if STATE.arrivals is not None:
+        STATE.arrivals.settle()
+
+
 def enable() -> str:
     """Record this process's steps in every later cell; says whether it could."""
     if STATE.arrivals is not None:
@@ -275,12 +347,14 @@ def enable() -> str:
         return "every monitoring tool id is taken by another tool"
     import jax.monitoring  # Deferred: switched on by the user, after JAX has started.
 
-    rec = Recorder(background=True)
+    # Whether the newest live array comes first is checked, not assumed (see unfinished).
+    unfinished = functools.partial(step_calls.unfinished, newest_first=step_calls.newest_first())
+    rec = Recorder(background=True, unfinished=unfinished)
     STATE.arrivals = rec
     atexit.register(rec.close)  # before JAX's own exit: no thread left waiting inside it
     mon = sys.monitoring
     mon.use_tool_id(tool, _TOOL_NAME)
-    on_call, on_c_return, on_c_raise = _callbacks(rec)
+    on_call, on_c_return, on_c_raise = _callbacks(rec, step_calls.waits())
     mon.register_callback(tool, mon.events.CALL, on_call)
     mon.register_callback(tool, mon.events.C_RETURN, on_c_return)
     mon.register_callback(tool, mon.events.C_RAISE, on_c_raise)
@@ -289,6 +363,7 @@ def enable() -> str:
     shell = get_ipython()
     if shell is not None:
         shell.events.register("pre_run_cell", _pre_run_cell)
+        shell.events.register("post_run_cell", _post_run_cell)
     return "on"
 
 
@@ -306,6 +381,7 @@ def disable() -> str:
         shell = get_ipython()
         if shell is not None:
             shell.events.unregister("pre_run_cell", _pre_run_cell)
+            shell.events.unregister("post_run_cell", _post_run_cell)
         STATE.arrivals.close()
         atexit.unregister(STATE.arrivals.close)
         STATE.arrivals = None

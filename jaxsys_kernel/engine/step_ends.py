@@ -39,6 +39,19 @@ def wait_arrays(arrays: list) -> None:
             continue
 
 
+def arrays_ready(arrays: list) -> bool:
+    """Whether each array is computed now (a deleted or failed one counts as done)."""
+    from jax.errors import JaxRuntimeError  # Deferred: as in wait_arrays.
+
+    for a in arrays:
+        try:
+            if not a.is_deleted() and not a.is_ready():
+                return False
+        except JaxRuntimeError:
+            continue
+    return True
+
+
 class StepEnds:
     """One thread that stamps each handed-over step's end once its arrays are ready.
 
@@ -85,6 +98,10 @@ class StepEnds:
             finally:
                 self._queue.task_done()
 
+    def idle(self) -> bool:
+        """Whether every handed-over step is stamped already."""
+        return self._queue.unfinished_tasks == 0
+
     def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every handed-over step to be stamped."""
         done = self._queue.all_tasks_done
@@ -103,4 +120,4 @@ class StepEnds:
         self._thread = None
 
 
-__all__ = ["MAX_QUEUED", "StepEnds", "wait_arrays"]
+__all__ = ["MAX_QUEUED", "StepEnds", "arrays_ready", "wait_arrays"]

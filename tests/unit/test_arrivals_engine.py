@@ -250,3 +250,125 @@ def test_an_array_still_running_is_handed_over_with_its_own_step_only():
         rec.close()
     assert handed == [[first], [second]]
     assert rec._held == set()  # let go once their steps ended
+
+
+def _fake(now, **kw):
+    """A recorder on the thread path whose clock reads ``now[0]``."""
+    kw.setdefault("spans", lambda r: True)
+    return arrivals.Recorder(clock=lambda: now[0], background=True, **kw)
+
+
+def test_a_step_the_cell_waits_for_ends_when_the_wait_returns_without_the_thread():
+    now = [1.0]
+    done = []
+    rec = _fake(now, unfinished=lambda: ["result"], ready=lambda arrays: bool(done))
+    try:
+        rec.on_call()
+        rec.on_return("x")
+        rec.before_call(wait=True)  # w.block_until_ready() called at 1.0 ...
+        now[0], done[:] = 1.5, [True]
+        rec.after_call()  # ... returns at 1.5: the step ended then
+        assert [(s["dispatch"], s["end"]) for s in rec.steps] == [(1.0, 1.5)]
+        assert rec.ends._thread is None and rec._held == set()
+    finally:
+        rec.close()
+
+
+def test_a_wait_that_returns_before_the_step_ends_hands_it_to_the_thread():
+    now = [1.0]
+    go = threading.Event()
+
+    def wait(arrays):
+        assert go.wait(5)
+        now[0] = 3.0
+
+    rec = _fake(now, unfinished=lambda: ["result"], ready=lambda arrays: False, wait=wait)
+    try:
+        rec.on_call()
+        rec.on_return("x")
+        rec.before_call(wait=True)  # print("epoch 1"): returns at once
+        now[0] = 1.1
+        rec.after_call()
+        assert rec.steps == [] and rec.ends._thread is not None
+        go.set()
+        assert rec.drain(5)
+        assert [s["end"] for s in rec.steps] == [3.0]
+    finally:
+        rec.close()
+
+
+def test_any_other_call_while_a_step_runs_hands_it_to_the_thread_at_once():
+    """A step that ends while the host is busy in, say, its input pipeline is stamped by
+    the thread when it ends, not when the cell next looks."""
+    now = [1.0]
+    handed = []
+    rec = _fake(now, unfinished=lambda: ["result"], wait=lambda arrays: handed.append(now[0]))
+    try:
+        rec.on_call()
+        rec.on_return("x")
+        rec.before_call(wait=False)  # next(loader)
+        assert rec.drain(5) and handed == [1.0]
+    finally:
+        rec.close()
+
+
+def test_a_call_that_is_not_a_step_leaves_the_host_time_running():
+    now = [0.0]
+    rec = _fake(now, spans=lambda r: r == "wide", unfinished=list)
+    try:
+        rec.on_call()
+        rec.on_return("local")  # e.g. a jitted metric on this process's arrays only
+        now[0] = 2.0
+        rec.before_call(wait=False)
+        now[0] = 3.0
+        rec.on_call()
+        rec.on_return("wide")
+        assert rec.drain(5)
+        assert [(s["start"], s["dispatch"]) for s in rec.steps] == [(0.0, 3.0)]
+    finally:
+        rec.close()
+
+
+def test_real_steps_waited_for_in_the_loop_are_recorded_without_the_thread(monkeypatch):
+    pytest.importorskip("jax")
+    monkeypatch.setattr(arrivals, "_is_cell_file", lambda f: f == "<cell-under-test>")
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda w: jnp.tanh(w @ w) * 1e-3)\n"
+        "w = jnp.ones((256, 256))\n"
+        "for i in range(4):\n"
+        "    w = f(w)\n"
+        "    w.block_until_ready()\n"
+    )
+    assert arrivals.enable() == "on"
+    try:
+        STATE.arrivals.spans = lambda result: True
+        exec(compile(code, "<cell-under-test>", "exec"), {})
+        assert STATE.arrivals.ends._thread is None
+        steps = [checked(s) for s in arrivals.records()["steps"]]
+    finally:
+        arrivals.disable()
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert all(s["dispatch"] <= s["end"] for s in steps)
+
+
+def test_whether_a_call_spans_processes_looks_at_a_bounded_part_of_its_argument():
+    jax = pytest.importorskip("jax")
+    from jaxsys_kernel.engine import step_calls
+
+    flattened = []
+
+    class Node:
+        def __init__(self, child):
+            self.child = child
+
+    jax.tree_util.register_pytree_node(
+        Node, lambda n: (flattened.append(1) or [n.child], None), lambda _, c: Node(*c)
+    )
+    deep = jax.numpy.ones(2)
+    for _ in range(10_000):
+        deep = Node(deep)
+    assert step_calls.spans_processes(deep) is False  # arrays of this process only
+    assert len(flattened) <= step_calls._LOOK_NODES
+    state = {f"layer{i}": {"w": jax.numpy.ones(2), "b": None} for i in range(1000)}
+    assert step_calls.spans_processes((state, [1, "x"])) is False
