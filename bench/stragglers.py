@@ -10,13 +10,15 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    ``%jaxsys where`` reads it. A trial counts when the delayed process is named with its
    category over those 5 steps. ``--undisturbed`` trials (as many by default) count a
    false name.
-2. **Cost**, as a ratio measured side by side in one run (A B B A A B ...): a cell of 20
-   steps with the step records on and off, each after an untimed cell that settles the
-   switch. Median cell time with / without, and the median of the pairs' ratios with a
-   bootstrap 95 % interval. Twice: for a loop
-   that dispatches its steps ahead (each step's end is stamped by a thread of the
-   recorder's, which wakes once per step) and for one that waits for each step (as a loop
-   printing its loss does).
+2. **Cost**, as ratios measured side by side in one run (A B B A A B ...): with the step
+   records on and off, a cell of ``SHORT`` (2) steps, then one of ``--cost-steps`` (40).
+   *Per step*: the long cell's time less the short one's, with / without, which leaves out
+   what a cell costs once (its request and reply, and the first cell after the switch). *Per
+   cell*: the long cells' times. Each is the median of the pairs' ratios, with a bootstrap
+   95 % interval. Each process holds ``--live`` arrays (256), as a model's parameters do.
+   Twice: for a loop that dispatches its steps ahead (each step's end is stamped by a thread
+   of the recorder's, which wakes once per step) and for one that waits for each step with
+   ``block_until_ready`` (its end is stamped when that returns, on the main thread).
 3. **Readiness gate** (``--import-delay S``, 0 skips it): a cluster of ``--hosts``
    processes whose last process waits ``S`` seconds before importing JAX, started with
    ``--init-timeout`` seconds (``--starts`` times): starts that succeeded, and their time.
@@ -37,8 +39,8 @@ with as many cores needs no smaller batch).
 
 Usage
 -----
-``python bench/stragglers.py [--hosts N] [--trials N] [--undisturbed N] [--ms N] [--reps N]
-[--seed N] [--kinds host,input,compute] [--loop ahead|synced] [--rows N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]
+``python bench/stragglers.py [--hosts N] [--trials N] [--undisturbed N] [--ms N] [--reps N] [--cost-steps N]
+[--seed N] [--kinds host,input,compute] [--loop ahead|synced] [--rows N] [--live N] [--import-delay S] [--init-timeout S] [--starts N] [--register-timeout S]
 [--join-deaths N]``
 """
 
@@ -66,11 +68,14 @@ mesh = Mesh(np.array(jax.devices()), ("x",))
 rows = NamedSharding(mesh, P("x"))
 x = jax.make_array_from_process_local_data(rows, np.ones(({rows}, 1024), np.float32))
 w = jnp.ones((1024, 1024), np.float32) * 1e-3
+params = [jnp.full((16,), i, np.float32) for i in range({live})]  # held, as a model's arrays
 @jax.jit
 def step(w, x):
     g = jnp.tanh(x @ w).T @ x / x.shape[0]
     return w - 1e-3 * g
 """
+# A cost pair's short cell, whose time is taken from its long one's (see _cost).
+SHORT = 2
 STEPS = "for _ in range({n}):\n    w = step(w, x)\nw.block_until_ready()\n"
 # A loop that waits for each step, as one that prints its loss every step does.
 SYNCED = "for _ in range({n}):\n    w = step(w, x)\n    w.block_until_ready()\n"
@@ -131,37 +136,47 @@ def _median(times: list[float]) -> str:
     return f"{statistics.median(times):.2f} s" if times else "-"
 
 
-def cost(cluster, reps: int) -> None:
+def cost(cluster, reps: int, steps: int) -> None:
     """Both loops of :data:`STEPS` and :data:`SYNCED`, records on against off."""
     for loop, label in ((STEPS, "steps dispatched ahead"), (SYNCED, "each step waited for")):
-        _cost(cluster, reps, loop, label)
+        _cost(cluster, reps, steps, loop, label)
 
 
-def _cost(cluster, reps: int, loop: str, label: str) -> None:
-    code, settle = loop.format(n=20), loop.format(n=2)
-    times: dict[bool, list[float]] = {True: [], False: []}
+def _cost(cluster, reps: int, steps: int, loop: str, label: str) -> None:
+    short, long = loop.format(n=SHORT), loop.format(n=steps)
+    times: dict[tuple[bool, int], list[float]] = {
+        (on, n): [] for on in (True, False) for n in (SHORT, steps)
+    }
     for i in range(reps + 1):
         # A B, then B A: whatever drifts within a pair (the order itself) cancels out.
         for on in (True, False) if i % 2 == 0 else (False, True):
             call(cluster, cluster.ranks, arrivals.enable if on else arrivals.disable)
-            # Untimed: the first cell after a switch pays for the switch (CPython's
-            # monitoring instruments each call site again), which a training run pays once.
-            run(cluster, settle)
-            seconds = run(cluster, code)
+            # The first cell after a switch pays for the switch (CPython's monitoring
+            # instruments each call site again), which a training run pays once: the short
+            # cell takes it, and takes the cell's own fixed cost, which the steps do not.
+            a, b = run(cluster, short), run(cluster, long)
             if i:  # the first pair warms up
-                times[on].append(seconds)
-    on, off = times[True], times[False]
-    a, b = statistics.median(on), statistics.median(off)
-    ratios = [x / y for x, y in zip(on, off, strict=True)]
-    # The spread: quartiles of the ratio within each side-by-side pair, and how far the
-    # median ratio itself is known (a bootstrap's 95 % interval).
-    q = statistics.quantiles(ratios, n=4)
-    low, high = _median_interval(ratios)
-    print(
-        f"cost, {label}: 20 steps with {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms, "
-        f"ratio {a / b:.3f}; median of {len(ratios)} pairs {statistics.median(ratios):.3f} "
-        f"(95 % interval {low:.3f}-{high:.3f}; pairs' quartiles {q[0]:.3f}-{q[2]:.3f})"
+                times[on, SHORT].append(a)
+                times[on, steps].append(b)
+    on, off = times[True, steps], times[False, steps]
+    cells = [x / y for x, y in zip(on, off, strict=True)]
+    # One step's time is the long cell's less the short one's, over the steps between:
+    # the cell's fixed cost (its request, reply and output) falls out.
+    per_step = [
+        (a - b) / (c - d)
+        for a, b, c, d in zip(on, times[True, SHORT], off, times[False, SHORT], strict=True)
+    ]
+    step_ms = statistics.median(
+        (c - d) / (steps - SHORT) * 1e3 for c, d in zip(off, times[False, SHORT], strict=True)
     )
+    print(f"cost, {label}: {steps} steps of {step_ms:.1f} ms, {len(cells)} pairs")
+    for name, ratios in (("per step", per_step), (f"per {steps}-step cell", cells)):
+        q = statistics.quantiles(ratios, n=4)
+        low, high = _median_interval(ratios)
+        print(
+            f"  {name}: with / without {statistics.median(ratios):.4f} "
+            f"(95 % interval {low:.4f}-{high:.4f}; pairs' quartiles {q[0]:.3f}-{q[2]:.3f})"
+        )
 
 
 def _median_interval(values: list[float], resamples: int = 2000) -> tuple[float, float]:
@@ -250,6 +265,8 @@ def main() -> None:
     ap.add_argument("--loop", choices=("ahead", "synced"), default="ahead", help="naming's loop")
     ap.add_argument("--rows", type=int, default=256, help="each process's batch rows")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--cost-steps", type=int, default=40, help="steps in a cost pair's long cell")
+    ap.add_argument("--live", type=int, default=256, help="arrays each process holds, as a model's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--import-delay", type=float, default=20.0)
     ap.add_argument("--init-timeout", type=float, default=5.0)
@@ -262,7 +279,7 @@ def main() -> None:
     cluster = Cluster(hosts=opts.hosts, devices_per_host=1, progress=lambda e: None)
     cluster.start_sync()
     try:
-        run(cluster, SETUP.format(rows=opts.rows))
+        run(cluster, SETUP.format(rows=opts.rows, live=opts.live))
         call(cluster, cluster.ranks, arrivals.enable)
         run(cluster, STEPS.format(n=5))  # compiles the step
         quiet = opts.trials if opts.undisturbed is None else opts.undisturbed
@@ -271,7 +288,7 @@ def main() -> None:
             loop = STEPS if opts.loop == "ahead" else SYNCED
             naming(cluster, opts.trials, quiet, opts.ms, random.Random(opts.seed), kinds, loop)
         if opts.reps > 0:
-            cost(cluster, opts.reps)
+            cost(cluster, opts.reps, opts.cost_steps)
     finally:
         cluster.kill()
     if opts.import_delay > 0:
