@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import socket
+import time
+
+# Seconds between attempts to reach a coordinator that is not listening yet.
+LISTEN_POLL_S = 0.01
 
 
 def hold_port(host: str) -> socket.socket:
@@ -32,3 +36,25 @@ def hold_port(host: str) -> socket.socket:
         s.close()
         raise
     return s
+
+
+def wait_listening(address: str, timeout: float) -> bool:
+    """Wait until something accepts connections at ``address`` (``host:port``); whether it
+    did within ``timeout`` seconds.
+
+    JAX's processes call ``jax.distributed.initialize`` together, and one that asks for the
+    coordination service before process 0 listens waits for gRPC's reconnect backoff (about
+    1 s on a local cluster, 2 s between pods, measured) although process 0 listened a few
+    milliseconds later. A plain TCP connection, closed at once, tells when it listens.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.05, LISTEN_POLL_S)):
+                return True
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return False
+        time.sleep(LISTEN_POLL_S)
