@@ -39,6 +39,7 @@ rename, only once the imports are done.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -189,7 +190,8 @@ def _reseed() -> None:
 
 
 def _watch_lifeline(lifeline: socket.socket) -> None:
-    """End this engine when its stand-in goes (the launcher stopped or killed it)."""
+    """End this engine, with what its cells started (its process group), when its stand-in
+    goes (the launcher stopped or killed it): the launcher knows only the stand-in."""
 
     def watch():
         try:
@@ -197,6 +199,8 @@ def _watch_lifeline(lifeline: socket.socket) -> None:
                 pass
         except OSError:
             pass
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(0), signal.SIGKILL)
         os._exit(1)
 
     threading.Thread(target=watch, name="jaxsys-lifeline", daemon=True).start()

@@ -19,6 +19,14 @@ the Secret again at once, not at its next sync a minute later). This runner:
   succeeds, its Job finishes, and the cluster deletes the world. That wait is the world's
   lease.
 
+Engines are forked from a fork server (:mod:`.forkserver`) that this runner starts when the
+pod starts: it imports Python's, ipyparallel's and JAX's modules once, while the pod waits
+for its first generation, and each engine after it (a world restart in the living pods)
+starts without importing anything. The engine is run as the fork server's stand-in
+(:mod:`.forked`), which starts a plain engine when the server is not there or refuses.
+When an engine ends, its process group (what its cells started) is killed with it: the
+stand-in's here, and a forked engine's by the engine itself when its stand-in goes.
+
 It imports only the standard library and jaxsys's errors: it runs before any engine.
 """
 
@@ -47,6 +55,13 @@ ENV_FILE = "engine-env.json"
 WAIT_FILE = "wait-s"
 #: How a world restart's generation without an engine is named: the next world follows.
 RESTART_PREFIX = "restart-"
+# The variable naming the process an engine dies with (contract.PARENT_PID, copied: this
+# module imports only the standard library).
+PARENT_PID = "JAXSYS_PARENT_PID"
+# Seconds a stand-in waits for the fork server's socket before it starts a plain engine.
+FORK_WAIT_S = 30.0
+# The longest Unix socket path (the kernel's limit is 107 bytes).
+MAX_SOCKET_PATH = 100
 #: Where the Secret is mounted unless ``--credentials`` says otherwise.
 DEFAULT_CREDENTIALS = "/var/run/jaxsys"
 # Seconds between looks at the generation (a read of one small file).
@@ -119,18 +134,57 @@ def _killpg(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def run_engine(creds: Path, gen: str, python: str, args: Sequence[str]) -> int | None:
+class ForkServer:
+    """The pod's fork server (:mod:`.forkserver`), started when the pod starts.
+
+    Parameters
+    ----------
+    python : str
+        The engines' interpreter.
+    """
+
+    def __init__(self, python: str):
+        self.dir = tempfile.mkdtemp(prefix="jaxsys-fork-")
+        if len(self.dir) + 2 > MAX_SOCKET_PATH:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = tempfile.mkdtemp(prefix="jaxsys-fork-", dir="/tmp")
+        self.socket = os.path.join(self.dir, "s")
+        self.proc = subprocess.Popen(
+            [python, "-m", "jaxsys_kernel.engine.forkserver", self.socket],
+            stdin=subprocess.PIPE,
+            env={**os.environ, PARENT_PID: str(os.getpid())},
+            start_new_session=True,
+        )
+
+    def engine_cmd(self, python: str) -> list[str]:
+        """What runs in place of ``python -m ipyparallel.engine``: the stand-in."""
+        stand_in = str(Path(__file__).with_name("forked.py"))
+        return [python, "-S", stand_in, self.socket, str(self.proc.pid), f"{FORK_WAIT_S:g}"]
+
+    def close(self) -> None:
+        """Stop the server and remove its socket."""
+        _killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_engine(
+    creds: Path, gen: str, python: str, args: Sequence[str], server: ForkServer | None = None
+) -> int | None:
     """Run the engine of generation ``gen`` until it ends or the generation changes;
     its exit code (None when it was replaced)."""
     config = creds / ENGINE_CONFIG
     if not config.exists():
         raise FileNotFoundError(f"{config} is missing from the world's Secret")
     env = {**os.environ, **json.loads((creds / ENV_FILE).read_text())}
+    # The engine (or its stand-in) dies with this runner, as the fork server does.
+    env[PARENT_PID] = str(os.getpid())
     profile = Path(tempfile.mkdtemp(prefix="jaxsys-engine-"))
     shutil.copy(config, profile / ENGINE_CONFIG)
+    start = server.engine_cmd(python) if server else [python, "-m", "ipyparallel.engine"]
     argv = [
-        python,
-        *("-m", "ipyparallel.engine", f"--profile-dir={profile}"),
+        *start,
+        f"--profile-dir={profile}",
         f"--IPEngine.url_file={creds / ENGINE_FILE}",
         *args,
     ]
@@ -149,7 +203,8 @@ def run_engine(creds: Path, gen: str, python: str, args: Sequence[str]) -> int |
             proc.wait(TERM_WAIT_S)
         raise
     finally:
-        # The engine's process group: the engine, its nanny and what its cells started.
+        # The engine's process group: the engine, its nanny and what its cells started. A
+        # forked engine has a group of its own, which it kills when its stand-in goes.
         _killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
@@ -168,6 +223,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--credentials", default=DEFAULT_CREDENTIALS, metavar="DIR")
     p.add_argument("--wait", type=float, default=45.0, metavar="S")
     p.add_argument("--python", default=sys.executable, help="the engines' interpreter")
+    p.add_argument(
+        "--no-fork-server",
+        action="store_true",
+        help="start each engine on its own, importing everything (no fork server)",
+    )
     p.add_argument("engine_args", nargs="*", help="after --: the engines' arguments")
     return p
 
@@ -178,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, _stop)
     seen = None
+    server = None if args.no_fork_server else ForkServer(args.python)
     try:
         while True:
             gen = next_engine(creds, seen, args.wait)
@@ -187,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seen = gen
             _say(f"engine of generation {gen} starts")
             try:
-                code = run_engine(creds, gen, args.python, args.engine_args)
+                code = run_engine(creds, gen, args.python, args.engine_args, server)
             except FileNotFoundError as e:
                 _say(f"cannot start the engine: {e}")
                 return 1
@@ -196,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Stopped as e:
         _say(f"stopped by {e}")
         return 143
+    finally:
+        if server is not None:
+            server.close()
 
 
 if __name__ == "__main__":

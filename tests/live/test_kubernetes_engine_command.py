@@ -81,7 +81,8 @@ def test_engines_follow_the_generations_and_the_pod_ends_when_nobody_comes(tmp_p
     engine.chmod(0o755)
     _generation(creds, "g1")
     argv = [sys.executable, "-m", "jaxsys_kernel.engine.pod", f"--credentials={creds}"]
-    argv += ["--wait=30", f"--python={engine}", "--", "--IPEngine.max_heartbeat_misses=20"]
+    argv += ["--wait=30", f"--python={engine}", "--no-fork-server"]
+    argv += ["--", "--IPEngine.max_heartbeat_misses=20"]
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "RECORD": str(record)}
     pod = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -122,7 +123,7 @@ def test_a_missing_config_ends_the_pod_before_an_engine_starts(tmp_path):
     (creds / ENGINE_CONFIG).unlink()
     argv = [sys.executable, "-m", "jaxsys_kernel.engine.pod", f"--credentials={creds}"]
     out = subprocess.run(
-        [*argv, "--python=/bin/false"],
+        [*argv, "--python=/bin/false", "--no-fork-server"],
         env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,

@@ -11,6 +11,7 @@ collective). A stop then leaves no pod, Job, Secret, Service or process. The fal
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,14 +26,18 @@ START = (
     "--controller-ip 127.0.0.1 --env JAX_PLATFORMS=cpu"
 )
 # Each process: its index, the process count, its world's incarnation, its engine's pid,
-# and a sum across processes (1 + 2).
+# a sum across processes (1 + 2), and whether the pod's fork server forked the engine.
 WORLD_CELL = (
     "%%multihost\nimport os, jax, jax.numpy as jnp\n"
     "from jax.experimental import multihost_utils as mu\n"
     "total = float(mu.process_allgather(jnp.float32(jax.process_index() + 1)).sum())\n"
+    "parent = open(f'/proc/{os.getppid()}/cmdline', 'rb').read()\n"
     "print(jax.process_index(), jax.process_count(), os.environ['JAXSYS_INCARNATION'], "
-    "os.getpid(), total)"
+    "os.getpid(), total, 'forked' if b'engine.forkserver' in parent else 'plain')"
 )
+# Each process starts a child of its own, in its engine's process group; its command line
+# carries a mark the test finds it by (a pod's pids are its own namespace's).
+CHILD_CELL = "%%multihost\nimport subprocess\nsubprocess.Popen(['sleep', '{mark}'])"
 
 
 @pytest.fixture
@@ -44,6 +49,20 @@ def k8s():
 def _world(out: str) -> list[list[str]]:
     """Each process's printed fields, in rank order (without the ``[pN]`` prefix)."""
     return [line.split()[1:] for line in out.splitlines()]
+
+
+def _running(mark: str) -> list[int]:
+    """The processes (host pids) whose command line is ``sleep MARK``, zombies left out."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if cmd[:2] == [b"sleep", mark.encode()] and state != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 def _pod_uids(k8s) -> dict[str, str]:
@@ -63,6 +82,9 @@ def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
         assert [(f[0], f[1], f[2], f[4]) for f in first] == [
             (str(i), "2", "1", "3.0") for i in range(2)
         ]
+        mark = f"600.{k.pid}"
+        k.ok(CHILD_CELL.format(mark=mark))
+        assert len(_running(mark)) == 2
         t1 = time.monotonic()
         out = k.ok("%jaxsys restart", timeout=60)
         took = time.monotonic() - t1
@@ -71,10 +93,13 @@ def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
         assert _pod_uids(k8s) == pods
         assert [j["metadata"]["name"] for j in k8s.api.list("Job", "default")] == [world]
         second = _world(k.ok(WORLD_CELL).stdout)
-        assert [(f[0], f[1], f[2], f[4]) for f in second] == [
-            (str(i), "2", "2", "3.0") for i in range(2)
+        # The next engines come from each pod's fork server: nothing to import again.
+        assert [(f[0], f[1], f[2], f[4], f[5]) for f in second] == [
+            (str(i), "2", "2", "3.0", "forked") for i in range(2)
         ]
         assert {f[3] for f in first}.isdisjoint(f[3] for f in second)
+        # What the old engines' cells started ended with them.
+        assert _running(mark) == []
         k.ok("%jaxsys stop")
         _nothing_left(k8s, tag, k.pid, DRAIN_S)
         print(f"start, cell, restart ({took:.1f} s), cell, stop: {time.monotonic() - t0:.1f} s")
