@@ -208,7 +208,8 @@ class Recorder:
         return True
 
     def before_call(self, wait: bool) -> None:
-        """The cell calls something other than a jitted function; ``wait``: one of step_calls.waits()."""
+        """The cell calls something other than a jitted function (``wait``: one that
+        returns once an array is computed, :func:`.step_calls.waits`)."""
         if self._pending is None:
             return
         if not wait:
@@ -225,8 +226,8 @@ class Recorder:
         """End the step kept here now if it is computed, or hand it to the thread.
 
         Steps end in order, so one is stamped here only while the thread has none left. Its
-        arrays are looked at only after a wait (:func:`.step_calls.waits`): anywhere else, a step with
-        arrays still running at its call's return goes to the thread.
+        arrays are looked at only after a wait (:func:`.step_calls.waits`): anywhere else,
+        a step with arrays still running at its call's return goes to the thread.
         """
         waited, self._waiting = self._waiting, False
         if self._pending is None or not self._look():
