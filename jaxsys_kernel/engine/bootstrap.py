@@ -12,7 +12,7 @@ import threading
 import time
 
 from .. import _compat, contract
-from . import ports, preemption, readiness
+from . import joining, ports, preemption, readiness
 from .state import STATE
 
 # Launchers put the rank in different variables (see contract.RANK_VARIABLES).
@@ -391,20 +391,6 @@ def initialize(
         _release_port()
 
 
-def _join_options(bind_address: str | None, heartbeat_timeout: float | None) -> dict:
-    """``jax.distributed.initialize``'s arguments besides the world's shape."""
-    kwargs = {}
-    if bind_address is not None:
-        kwargs["coordinator_bind_address"] = bind_address
-    if heartbeat_timeout is not None:
-        kwargs["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        # Every parameter is given: on a pod, JAX's detection would only import the
-        # Kubernetes client (1.3 s here, 1.9 s with two pods starting) and find nothing more.
-        kwargs["cluster_detection_method"] = "deactivate"
-    return kwargs
-
-
 def _join(
     coordinator_address: str,
     num_processes: int,
@@ -428,12 +414,11 @@ def _join(
         "num_processes": num_processes,
         "process_id": process_id,
         "initialization_timeout": int(max(1, timeout)),
-        **_join_options(bind_address, heartbeat_timeout),
+        **joining.options(bind_address, heartbeat_timeout),
     }
     if process_id != 0:
-        # Not before process 0 listens (see ports.wait_listening); JAX's own timeout still
-        # judges a coordinator that never does.
-        ports.wait_listening(coordinator_address, timeout)
+        # Not before process 0 listens: JAX's own timeout still judges one that never does.
+        joining.wait_for_coordinator(jax, coordinator_address, timeout)
     jax.distributed.initialize(**call)
     # Touching the devices completes backend start-up (the topology exchange), so a
     # process that cannot start its backend fails here, inside the deadline, not later.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 # Seconds between attempts to reach a coordinator that is not listening yet.
@@ -38,21 +39,33 @@ def hold_port(host: str) -> socket.socket:
     return s
 
 
-def wait_listening(address: str, timeout: float) -> bool:
+def wait_listening(address: str, timeout: float, tls: tuple[str, str] | None = None) -> bool:
     """Wait until something accepts connections at ``address`` (``host:port``); whether it
     did within ``timeout`` seconds.
 
     JAX's processes call ``jax.distributed.initialize`` together, and one that asks for the
     coordination service before process 0 listens waits for gRPC's reconnect backoff (about
     1 s on a local cluster, 2 s between pods, measured) although process 0 listened a few
-    milliseconds later. A plain TCP connection, closed at once, tells when it listens.
+    milliseconds later. A connection, closed at once, tells when it listens. With mTLS
+    (``tls``: this process's certificate and key files) it completes a handshake with them
+    first: the service reports every connection that hangs up during one as refused.
     """
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
+    context = None
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        # Only whether it listens: the join itself checks the service's certificate.
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.load_cert_chain(*tls)
+        context.set_alpn_protocols(["h2"])
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=max(0.05, LISTEN_POLL_S)):
+            with socket.create_connection((host, int(port)), timeout=1.0) as conn:
+                if context is not None:
+                    context.wrap_socket(conn).close()
                 return True
         except (OSError, ValueError):
             if time.monotonic() >= deadline:

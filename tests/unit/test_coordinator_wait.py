@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from jaxsys_kernel.engine import bootstrap, ports
+from jaxsys_kernel.engine import joining, ports
 
 pytestmark = pytest.mark.unit
 
@@ -50,9 +50,9 @@ def test_nothing_listening_ends_the_wait_at_its_timeout():
 
 def test_on_a_pod_jax_is_not_asked_to_detect_what_the_engine_is_told(monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert "cluster_detection_method" not in bootstrap._join_options(None, None)
+    assert "cluster_detection_method" not in joining.options(None, None)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    got = bootstrap._join_options("127.0.0.10:1234", 3.0)
+    got = joining.options("127.0.0.10:1234", 3.0)
     assert got == {
         "coordinator_bind_address": "127.0.0.10:1234",
         "heartbeat_timeout_seconds": 3,
