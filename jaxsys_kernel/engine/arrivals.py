@@ -207,6 +207,10 @@ class Recorder:
             pending[3] = self._hand_over()
         return True
 
+    def pending(self) -> bool:
+        """Whether a step that returned is kept here, its end not yet decided."""
+        return self._pending is not None
+
     def before_call(self, wait: bool) -> None:
         """The cell calls something other than a jitted function (``wait``: one that
         returns once an array is computed, :func:`.step_calls.waits`)."""
@@ -296,7 +300,9 @@ def _callbacks(rec: Recorder, waits: tuple):
             return mon.DISABLE
         if _is_jitted(fn):
             rec.on_call()
-        else:
+        elif rec.pending():
+            # Asked only while a step waits for its end: most of a cell's calls come when
+            # none does, and each is on the cell's own path.
             rec.before_call(step_calls.is_wait(fn, waits))
         return None
 
