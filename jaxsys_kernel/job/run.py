@@ -16,12 +16,16 @@ from .program import CELL_MARK, ERROR_MARK, EXIT_CODES, STOP_MARK, Program
 # What gloo prints (from C++, not from the cell) when a collective first connects, once
 # per device: the threads of a process's devices may write its halves apart, even into
 # each other ("[Gloo] Rank [Gloo] Rank 1 is connected ...", then "0 is connected ..."), or
-# break one message over two lines ("1 is connected to ", then "7 peer ranks. ...").
+# break one message over two lines ("1 is connected to ", then "7 peer ranks. ...", or
+# " 7 peer ranks. ", then "Expected number ..."). A piece that could be a user's words is
+# dropped only when it is a whole line.
 _GLOO_TAIL = r"peer ranks\. Expected number of connected peer ranks is : \d+"
 GLOO_CHATTER = (
     r"\[Gloo\] Rank (\d+\s*$)?"
     rf"|(\[Gloo\] Rank )?(\d+ )?is connected to( \d+ {_GLOO_TAIL})?"
     rf"|(\d+ )?{_GLOO_TAIL}"
+    r"|^\s*\d+ peer ranks\.\s*$"
+    r"|^Expected number of connected peer ranks is : \d+\s*$"
 )
 # What a launcher writes into a process's output when it stops the others after one failed
 # (Slurm's step daemon): the process's own output ends there, as it does under the local

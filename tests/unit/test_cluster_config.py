@@ -30,6 +30,7 @@ from jaxsys_kernel.cluster.launchers import (
 )
 from jaxsys_kernel.cluster.loop import AsyncFirst
 from jaxsys_kernel.cluster.records import ProgressEvent
+from jaxsys_kernel.errors import ConfigError
 
 from ..fakes import FakeHub, FakeIppCluster, FakePKI
 
@@ -208,6 +209,18 @@ def test_engine_arguments(tmp_path):
         a.startswith("--IPEngine.url_file=") for a in ssh.engine_args(0, EngineContext())
     )
     assert make_launcher(ClusterConfig(hosts=1, launcher="slurm")).nanny_args() == []
+
+
+def test_remote_engines_heartbeat_misses_follow_the_environment(monkeypatch):
+    ssh = make_launcher(ClusterConfig(hosts=["a"], launcher="ssh"))
+    monkeypatch.setenv("JAXSYS_ENGINE_HEARTBEAT_MISSES", "4")
+    assert ssh.nanny_args() == ["--IPEngine.max_heartbeat_misses=4"]
+    # Too few would take a busy controller for a dead one.
+    monkeypatch.setenv("JAXSYS_ENGINE_HEARTBEAT_MISSES", "1")
+    assert ssh.nanny_args() == ["--IPEngine.max_heartbeat_misses=3"]
+    monkeypatch.setenv("JAXSYS_ENGINE_HEARTBEAT_MISSES", "soon")
+    with pytest.raises(ConfigError, match="JAXSYS_ENGINE_HEARTBEAT_MISSES='soon'"):
+        ssh.nanny_args()
 
 
 def test_coordinator_and_certificate_hosts():

@@ -110,3 +110,16 @@ def test_gloo_chatter_broken_over_two_lines_is_left_out_of_a_jobs_log():
     assert collate_outputs(prog, outputs).log == (
         "--- cell 1 ---\n[p0-1] sum: 48.0\n[p0] 10\n[p1] 20\n"
     )
+
+
+def test_gloo_chatter_broken_before_expected_is_left_out_but_words_like_it_stay():
+    prog = Program(cells=[Cell(1, "")], hosts=2)
+    outputs = {
+        # As a slow connection on a busy host printed it under Slurm.
+        0: f"{CELL_MARK}1\n[Gloo] Rank 2 is connected to \n 7 peer ranks. \n"
+        "Expected number of connected peer ranks is : 7\nsum: 48.0\n",
+        1: f"{CELL_MARK}1\nsum: 48.0\nwe have 7 peer ranks. \n",
+    }
+    assert collate_outputs(prog, outputs).log == (
+        "--- cell 1 ---\n[p0-1] sum: 48.0\n[p1] we have 7 peer ranks. \n"
+    )

@@ -38,7 +38,7 @@ from .kubernetes_manifests import (  # noqa: F401 - the launcher's public names
     world_name,
 )
 from .kubernetes_world import PodWorlds, generation_files, in_cluster_address
-from .remote import SSH_HEARTBEAT_MISSES
+from .remote import remote_engine_args
 
 
 class KubernetesLauncher(Launcher):
@@ -224,7 +224,7 @@ class KubernetesLauncher(Launcher):
         return {**super()._engine_fields(rank, ctx), "no_pdeathsig": True}
 
     def nanny_args(self) -> list[str]:
-        return [f"--IPEngine.max_heartbeat_misses={SSH_HEARTBEAT_MISSES}"]
+        return remote_engine_args()
 
     def kill_engines(self, engine_sets, processes=()) -> None:
         """For a world restart: end the engines (with their process groups) in their

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import _compat
+from ...errors import ConfigError
 from ..options import Flag
 from ..teardown import START_TIME_TOLERANCE_S, sub_launchers
 from .base import EngineContext, Launcher, host_part
@@ -19,6 +21,36 @@ from .kept import KeepsHosts
 
 # Engines check the controller's heartbeat every period + 500 ms: 20 misses is 15 s.
 SSH_HEARTBEAT_MISSES = 20
+#: How many of the controller's heartbeats an engine away from the kernel's host may miss
+#: before it leaves, where the default is not wanted.
+HEARTBEAT_MISSES_VAR = "JAXSYS_ENGINE_HEARTBEAT_MISSES"
+# Fewer than 3 misses (about 2 s) would take a busy controller for a dead one.
+_MIN_MISSES = 3
+
+
+def heartbeat_misses() -> int:
+    """How many controller heartbeats a remote engine may miss before it leaves:
+    ``$JAXSYS_ENGINE_HEARTBEAT_MISSES`` (at least 3), else 20, about 15 s.
+
+    Fewer frees a dead kernel's hosts (or pods) sooner; more rides out a slow network.
+    """
+    raw = os.environ.get(HEARTBEAT_MISSES_VAR)
+    if raw is None:
+        return SSH_HEARTBEAT_MISSES
+    try:
+        return max(_MIN_MISSES, int(raw))
+    except ValueError:
+        raise ConfigError(
+            f"{HEARTBEAT_MISSES_VAR}={raw!r} is not a whole number: give how many heartbeats "
+            f"an engine may miss (say {SSH_HEARTBEAT_MISSES}), or unset it"
+        ) from None
+
+
+def remote_engine_args() -> list[str]:
+    """The engine options that make an engine leave once its controller is gone."""
+    return [f"--IPEngine.max_heartbeat_misses={heartbeat_misses()}"]
+
+
 # Seconds a kill over ssh waits for the hosts to answer.
 SSH_KILL_TIMEOUT_S = 10.0
 # Run by the host's Python (standard library only): SIGKILL the process group of each
@@ -101,7 +133,7 @@ class SshLauncher(KeepsHosts, Launcher):
     def nanny_args(self) -> list[str]:
         # No death signal reaches an engine started over ssh: when the kernel dies, the
         # controller goes with it and the engine leaves once its heartbeats stop.
-        return [f"--IPEngine.max_heartbeat_misses={SSH_HEARTBEAT_MISSES}"]
+        return remote_engine_args()
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
         # Each launch is several ssh round trips; hosts are reached all at once.
