@@ -225,6 +225,7 @@ async def kill_world(world) -> None:
     # new engine under it: so theirs is waited for first.
     nannies = any(p.nanny_pid for p in world.processes)
     await asyncio.to_thread(launcher.kill_engines, old_launchers, world.processes)
+    nannies = nannies and not launcher.nannies_gone()
     if world.telemetry is not None:
         world.telemetry.reset()
     for set_id in old_sets:

@@ -427,6 +427,12 @@ class Launcher(LauncherKind):
         killpg_all(pids, engine_start_times(own))
         wait_gone(pids, ENGINE_KILL_WAIT_S)
 
+    def nannies_gone(self) -> bool:
+        """Whether the last :meth:`kill_engines` is known to have ended the engines' nannies
+        too (their hosts were deleted), so that none of them will tell the hub of its
+        engine's death and a world restart need not wait for them."""
+        return False
+
     def local_engines(self, processes: Sequence[ProcessInfo]) -> list[ProcessInfo]:
         """The processes whose engine pids are pids of this machine: a teardown kills
         them here, each with its process group (what its cells started)."""

@@ -152,6 +152,8 @@ class KubernetesLauncher(Launcher):
         # or, when they cannot serve it, why the world is made anew.
         self._in_place = False
         self._remade: str | None = None
+        # Set when a deletion saw the world's pods gone (see nannies_gone).
+        self._pods_gone = False
 
     def make_ipp_cluster(self, profile, secure):
         # Refused before a controller starts, so that nothing is left to stop.
@@ -237,11 +239,16 @@ class KubernetesLauncher(Launcher):
         name = w.name
         why = w.end_engines()
         self._in_place = why is None
+        self._pods_gone = False
         if why is not None:
             self._remade = f"Kubernetes world {name}: {why}; its pods are made anew"
             self._end_world()
         elif w.nudge_note:
             print(f"jaxsys: Kubernetes world {name}: {w.nudge_note}", file=sys.stderr)
+
+    def nannies_gone(self) -> bool:
+        # The pods of a world deleted for a restart were seen gone, nannies included.
+        return self._pods_gone
 
     def kill_remote(self, engine_sets, processes=()) -> None:
         """Delete the world: its Job (its pods with it, what cells started included),
@@ -254,13 +261,14 @@ class KubernetesLauncher(Launcher):
 
     def _end_world(self) -> None:
         self._in_place = False  # no pods are left to restart in
+        self._pods_gone = False
         if self.worlds is None or self.worlds.name is None:
             return
         if self._kept:
             self.worlds.keep()
             return
         job_id = f"{self.worlds.namespace}/{self.worlds.name}"
-        self.worlds.delete()
+        self._pods_gone = self.worlds.delete()
         # An attach saved it for the next one: it is gone now.
         forget_saved_world(job_id)
 

@@ -419,13 +419,14 @@ class PodWorlds:
                 )
             time.sleep(START_POLL_S)
 
-    def delete(self) -> None:
-        """Delete the running world and wait (bounded) until its pods are gone."""
+    def delete(self) -> bool:
+        """Delete the running world and wait (bounded) until its pods are gone; whether
+        they are (True too when there was no world)."""
         manifests, name, self.manifests, self.name = self.manifests, self.name, None, None
         if not manifests:
-            return
+            return True
         api.delete(self.client, manifests)
-        api.wait_gone(self.client, self.namespace, name, DELETE_WAIT_S)
+        return api.wait_gone(self.client, self.namespace, name, DELETE_WAIT_S)
 
     def pod_of(self, rank: int, refresh: bool = True):
         """The pod of process ``rank`` (looked up at most every :data:`RUN_POLL_S`), or
