@@ -87,7 +87,7 @@ def test_a_job_stopped_by_its_timeout_deletes_its_world(k8s, tmp_path):
         "--out",
         str(out),
         "--timeout",
-        "10",
+        "6",
         env=env,
     )
     assert r.returncode != 0
