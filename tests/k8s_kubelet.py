@@ -46,6 +46,9 @@ from tests.k8s_api import ApiServer
 from tests.k8s_rbac import ENGINE_ROLE, KERNEL_ROLE, documented_roles
 
 SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"
+# First on the PYTHONPATH of the pods and of what a test runs against the cluster: the
+# test-only kubernetes-validate is not importable there, as in a user's image (see there).
+IMAGE_PATH = str(Path(__file__).parent / "k8s_image")
 _POLL_S = 0.05
 _KILL_WAIT_S = 5.0
 _FIRST_IP, _LAST_IP = 10, 250
@@ -337,6 +340,7 @@ class TestCluster:
         tmp.mkdir()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": IMAGE_PATH,
             "HOME": str(d),
             # A container's /tmp is its own: a pod's temporary files go with the pod.
             "TMPDIR": str(tmp),
@@ -479,14 +483,20 @@ def running(own_python: bool = True) -> Iterator[TestCluster]:
     why = unavailable()
     if why:
         pytest.skip(why)
-    old_path = os.environ["PATH"]
+    old_path, old_pythonpath = os.environ["PATH"], os.environ.get("PYTHONPATH")
     if own_python:
         os.environ["PATH"] = f"{Path(sys.executable).parent}:{old_path}"
+    # Kernels and jobs the test starts import the kubernetes client as a user's would.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [IMAGE_PATH, old_pythonpath]))
     cluster = TestCluster()
     try:
         yield cluster
     finally:
         cluster.stop()
         os.environ["PATH"] = old_path
+        if old_pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_pythonpath
     assert not list(cluster.processes())
     assert not cluster.dir.exists()
