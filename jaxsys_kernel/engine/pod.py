@@ -67,6 +67,11 @@ DEFAULT_CREDENTIALS = "/var/run/jaxsys"
 # Seconds between looks at the generation: a read of one small file, so twenty a second
 # cost nothing measurable, and a world restart waits at most this long to be seen.
 POLL_S = 0.05
+# Seconds a new set of the Secret's files may lack the names of its new keys (a kubelet
+# makes them just after it swaps the set in) before it is read as it is.
+LINKS_WAIT_S = 5.0
+#: The link a kubelet swaps to a Secret volume's new set of files.
+DATA_LINK = "..data"
 # Seconds an engine has to end after SIGTERM when the pod is deleted.
 TERM_WAIT_S = 5.0
 
@@ -79,12 +84,32 @@ def _say(text: str) -> None:
     print(f"jaxsys pod: {text}", file=sys.stderr, flush=True)
 
 
+def current(creds: Path) -> Path:
+    """Where the Secret's files are as one set: ``..data``, the folder a kubelet swaps in
+    whole, where there is one, else ``creds`` itself (a plain folder)."""
+    data = creds / DATA_LINK
+    return data if data.is_dir() else creds
+
+
 def generation(creds: Path) -> str | None:
     """The generation the Secret holds now, or None while it has none."""
     try:
-        return (creds / GENERATION).read_text().strip() or None
+        return (current(creds) / GENERATION).read_text().strip() or None
     except OSError:
         return None
+
+
+def links_made(creds: Path) -> bool:
+    """Whether every file of the Secret's current set can be read under its own name.
+
+    A kubelet swaps a Secret's new set in first and only then makes the names of keys the
+    last set did not have: a generation read in between would seem to have no engine, or
+    an engine whose certificates are not there yet."""
+    data = creds / DATA_LINK
+    try:
+        return not data.is_dir() or all((creds / e.name).exists() for e in data.iterdir())
+    except OSError:
+        return False  # swapped again while being read: look again
 
 
 def wait_s(creds: Path, default: float) -> float:
@@ -115,8 +140,13 @@ def next_engine(
     deadline = clock() + wait_s(creds, default_wait)
     while True:
         gen = generation(creds)
+        if gen is not None and gen != seen and not links_made(creds):
+            links_deadline = min(deadline, clock() + LINKS_WAIT_S)
+            while not links_made(creds) and clock() < links_deadline:
+                sleep(POLL_S)
+            gen = generation(creds)
         if gen is not None and gen != seen:
-            if (creds / ENGINE_FILE).exists():
+            if (current(creds) / ENGINE_FILE).exists():
                 return gen
             seen, wait = gen, wait_s(creds, default_wait)
             deadline = clock() + wait

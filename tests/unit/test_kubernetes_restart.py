@@ -159,3 +159,36 @@ def test_a_pods_runner_says_a_restart_generation_is_awaited(tmp_path, capsys):
     assert pod.next_engine(tmp_path, "g1", 5.0, clock, clock.sleep) is None
     err = capsys.readouterr().err
     assert f"world restart ({pod.RESTART_PREFIX}1): waiting 2 s for the next engine" in err
+
+
+def _swap_in(creds, name: str, files: dict[str, str]) -> None:
+    """What a kubelet does first when a Secret changes: write the new set into a folder of
+    its own and point ``..data`` at it; the names of new keys come after."""
+    new = creds / name
+    new.mkdir()
+    for key, text in files.items():
+        (new / key).write_text(text)
+    tmp = creds / "..data_tmp"
+    tmp.symlink_to(name)
+    tmp.replace(creds / pod.DATA_LINK)
+
+
+def test_a_pods_runner_waits_for_the_names_of_a_new_sets_keys(tmp_path):
+    # A kept world: its set has a generation and a wait, and no engine.
+    _swap_in(tmp_path, "..1", {pod.GENERATION: "kept-1", pod.WAIT_FILE: "30"})
+    for key in (pod.GENERATION, pod.WAIT_FILE):
+        (tmp_path / key).symlink_to(f"{pod.DATA_LINK}/{key}")
+    # The next kernel's generation is swapped in; the engine file's name is not made yet.
+    _swap_in(tmp_path, "..2", {pod.GENERATION: "g2", pod.WAIT_FILE: "30", pod.ENGINE_FILE: "{}"})
+    clock, looks = _Clock(), []
+
+    def sleep(s: float) -> None:
+        looks.append(clock.now)
+        clock.sleep(s)
+        if len(looks) == 3:  # the kubelet makes the new name a moment later
+            (tmp_path / pod.ENGINE_FILE).symlink_to(f"{pod.DATA_LINK}/{pod.ENGINE_FILE}")
+
+    # Read as "kept again, without an engine", the generation would be skipped for good and
+    # the pod would wait 30 s, then end, with no engine for the kernel.
+    assert pod.next_engine(tmp_path, "kept-1", 45.0, clock, sleep) == "g2"
+    assert len(looks) == 3
