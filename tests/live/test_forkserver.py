@@ -363,7 +363,8 @@ def test_a_killed_kernels_socket_directory_is_removed_by_the_next_start(tmp_path
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)
     assert not wait_no_processes(tag, timeout=15)
-    assert left[0].exists()
-    # What every fork server's start does first.
-    assert left[0] in forks.remove_stale_socket_dirs()
-    assert not left[0].exists()
+    # What every fork server's start does first. Another test file's cluster, started
+    # meanwhile on another pytest-xdist worker, may have done it already: either way the
+    # directory is gone, and only remove_stale_socket_dirs removes it.
+    removed = forks.remove_stale_socket_dirs()
+    assert not left[0].exists(), removed
