@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from tests.k8s_api import ApiServer
 from tests.k8s_rbac import ENGINE_ROLE, KERNEL_ROLE, documented_roles
@@ -483,20 +484,15 @@ def running(own_python: bool = True) -> Iterator[TestCluster]:
     why = unavailable()
     if why:
         pytest.skip(why)
-    old_path, old_pythonpath = os.environ["PATH"], os.environ.get("PYTHONPATH")
-    if own_python:
-        os.environ["PATH"] = f"{Path(sys.executable).parent}:{old_path}"
     # Kernels and jobs the test starts import the kubernetes client as a user's would.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [IMAGE_PATH, old_pythonpath]))
-    cluster = TestCluster()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        os.environ["PATH"] = old_path
-        if old_pythonpath is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_pythonpath
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [IMAGE_PATH, os.environ.get("PYTHONPATH")]))}
+    if own_python:
+        env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    with mock.patch.dict(os.environ, env):
+        cluster = TestCluster()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
     assert not list(cluster.processes())
     assert not cluster.dir.exists()
