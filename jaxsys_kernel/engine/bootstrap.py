@@ -416,6 +416,7 @@ def _join(
         "initialization_timeout": int(max(1, timeout)),
         **joining.options(bind_address, heartbeat_timeout),
     }
+    time.sleep(readiness.join_delay(process_id))
     if process_id != 0:
         # Not before process 0 listens: JAX's own timeout still judges one that never does.
         joining.wait_for_coordinator(jax, coordinator_address, timeout)

@@ -17,11 +17,23 @@ GO_WAIT_S = 3600.0
 # A delay before importing JAX, for some ranks (``"1:8,3:2"``: rank 1 8 s, rank 3 2 s): how
 # the tests play a process whose imports are slow (a loaded file system).
 IMPORT_DELAY = "JAXSYS_IMPORT_DELAY"
+# The same, before joining JAX once every process is ready: how the tests hold a process
+# out of the join for as long as they need, so that one killed there is killed there.
+JOIN_DELAY = "JAXSYS_JOIN_DELAY"
 
 
 def import_delay(rank: int) -> float:
     """Seconds :data:`IMPORT_DELAY` asks ``rank`` to wait before importing JAX (0 if none)."""
-    for item in os.environ.get(IMPORT_DELAY, "").split(","):
+    return _delay(IMPORT_DELAY, rank)
+
+
+def join_delay(rank: int) -> float:
+    """Seconds :data:`JOIN_DELAY` asks ``rank`` to wait before joining JAX (0 if none)."""
+    return _delay(JOIN_DELAY, rank)
+
+
+def _delay(variable: str, rank: int) -> float:
+    for item in os.environ.get(variable, "").split(","):
         who, _, seconds = item.partition(":")
         if who.strip() == str(rank):
             try:
@@ -41,4 +53,4 @@ def state() -> dict:
     return {"ready": doing in ("ready", "joining", "done"), "doing": doing}
 
 
-__all__ = ["GO_WAIT_S", "IMPORT_DELAY", "import_delay", "state"]
+__all__ = ["GO_WAIT_S", "IMPORT_DELAY", "JOIN_DELAY", "import_delay", "join_delay", "state"]

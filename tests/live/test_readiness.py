@@ -72,13 +72,24 @@ def test_a_process_dying_in_jaxs_own_join_is_named_within_the_heartbeat(tag):
             killed.append(time.monotonic())
             os.kill(c.world.processes[1].pid, signal.SIGKILL)
 
+    # p1 waits before its join (JAXSYS_JOIN_DELAY) so that the kill finds it there: a join
+    # takes a few ms, and a process killed after it would be no test of this.
     c = Cluster(
-        hosts=2, devices_per_host=1, progress=progress, init_timeout=60, heartbeat_timeout=3
+        hosts=2,
+        devices_per_host=1,
+        process_env={1: {"JAXSYS_JOIN_DELAY": "1:60"}},
+        progress=progress,
+        init_timeout=60,
+        heartbeat_timeout=3,
     )
-    with pytest.raises(ClusterStartError, match="process 1 exited with code -9") as info:
-        c.start_sync()
+    try:
+        with pytest.raises(ClusterStartError, match="process 1 exited with code -9") as info:
+            c.start_sync()
+        state = c.state
+    finally:
+        c.kill()  # only a test that failed has anything left to end
     took = time.monotonic() - killed[0]
     assert took <= 3 + 1, (took, str(info.value))
     assert "killed by SIGKILL" in str(info.value)
-    assert c.state == "stopped"
+    assert state == "stopped"
     assert not wait_no_processes(tag, timeout=10)
