@@ -24,11 +24,13 @@ reported and skipped. The load average is printed before and after, and ratios a
 against ``local``.
 
 *restart* (``--restart``, Kubernetes only): wall time of ``cluster.restart_sync()`` of a
-2-pod world (1 device each) on the test cluster, in place (the next world's engines in the
-living pods) against recreating the pods (the path a restart takes when a pod is gone,
-forced here by having the world's pods refuse reuse), measured alternately A B A B on one
-cluster, each restart followed by a cell that checks the new world (process count and a
-sum across processes). The ratio of the medians and the load average are printed.
+2-pod world (1 device each) on the test cluster, three ways measured in turn on one
+cluster: from the standby engine booted in each pod (``--standby``), in place without it
+(the next world's engines started in the living pods), and recreating the pods (the path a
+restart takes when a pod is gone, forced here by having the world's pods refuse reuse).
+Every restart starts with each pod's standby booted and is followed by a cell that checks
+the new world (process count and a sum across processes). The ratios of the medians to
+recreating the pods, and the load average, are printed.
 
 Usage
 -----
@@ -214,8 +216,18 @@ def _check_world(c: Cluster) -> None:
         raise RuntimeError(f"the restarted world is not whole: {got}")
 
 
+async def _nothing_taken(world, ranks, report, wait_s=0.0):
+    return {}
+
+
+def _standby_ready(c: Cluster, timeout: float = 60.0) -> None:
+    """Wait until every pod's standby engine has booted (each round starts from there)."""
+    _wait(lambda: c.standby_status()["ready"] == c.nprocs, timeout)
+
+
 def restarts(rounds: int) -> int:
-    """In-place world restarts against recreating the pods, side by side on one cluster."""
+    """World restarts from each pod's standby, in place without it, and recreating the
+    pods, side by side on one cluster."""
     from tests import k8s_kubelet
 
     reason = k8s_kubelet.unavailable()
@@ -223,37 +235,46 @@ def restarts(rounds: int) -> int:
         print(f"kubernetes: cannot run here ({reason})")
         return 1
     print(f"load average before: {_load()}")
-    times: dict[str, list[float]] = {"in place": [], "new pods": []}
+    times: dict[str, list[float]] = {"standby": [], "in place": [], "new pods": []}
     with contextlib.closing(_TestCluster(k8s_kubelet)) as k8s:
         conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
         os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-        c = Cluster(launcher="kubernetes", hosts=2, devices_per_host=1, standby=0,
+        c = Cluster(launcher="kubernetes", hosts=2, devices_per_host=1, standby=2,
                     controller_ip="127.0.0.1", env={"JAX_PLATFORMS": "cpu"},
                     launcher_options={"image": "unused", "kubeconfig": str(conf)},
                     progress=lambda e: None)  # fmt: skip
         try:
             c.start_sync()
-            worlds = c._launcher.worlds
-            end_engines = worlds.end_engines
-            for _ in range(rounds + 1):  # the first pair warms up
+            worlds, standby = c._launcher.worlds, c.world.standby
+            end_engines, take = worlds.end_engines, standby.take
+            for _ in range(rounds + 1):  # the first round warms up
                 for how in times:
+                    _standby_ready(c)
                     # Recreating: the pods refuse reuse, as when one is gone.
                     worlds.end_engines = (
-                        end_engines if how == "in place" else lambda: "the bench asks for new pods"
+                        end_engines if how != "new pods" else lambda: "the bench asks for new pods"
                     )
+                    standby.take = take if how == "standby" else _nothing_taken
+                    standby.last_taken = 0
                     t0 = time.perf_counter()
                     c.restart_sync()
                     times[how].append(time.perf_counter() - t0)
                     _check_world(c)
+                    if (c.standby_status()["taken"] == c.nprocs) != (how == "standby"):
+                        raise RuntimeError(
+                            f"the {how} restart did not take the path it names: "
+                            f"{c.standby_status()} after {times}"
+                        )
         finally:
             c.kill()
         _wait(lambda: not k8s.left())
-    print(f"{'restart':<9} {'median s':>9}  each (after a warm-up pair)")
+    print(f"{'restart':<9} {'median s':>9}  each (after a warm-up round)")
     for how, each in times.items():
         rest = each[1:]
         print(f"{how:<9} {statistics.median(rest):9.2f}  {' '.join(f'{t:.2f}' for t in rest)}")
-    ratio = statistics.median(times["new pods"][1:]) / statistics.median(times["in place"][1:])
-    print(f"new pods / in place: {ratio:.2f}x")
+    new = statistics.median(times["new pods"][1:])
+    for how in ("standby", "in place"):
+        print(f"new pods / {how}: {new / statistics.median(times[how][1:]):.2f}x")
     print(f"load average after: {_load()}")
     return 0
 

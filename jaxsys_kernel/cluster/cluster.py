@@ -379,6 +379,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
 
     def _refill_standby(self) -> None:
         """Top the standby up in the background (called on the cluster's loop)."""
+        # Those that went with the last world (its pods were made anew) are made again.
+        self.world.standby.drop_dead(self.world)
         if self.world.standby.decide_size(self.world) and self.world.standby.wanted():
             # Kept, so that the task is not collected while it runs.
             self._refill_task = asyncio.get_running_loop().create_task(self._fill_standby())

@@ -127,9 +127,12 @@ def for_launcher(config, launcher) -> Standby:
         When a standby is requested from a launcher that cannot keep one.
     """
     requested = getattr(config, "standby", None)
-    able = launcher.restarts_one_process
+    able = launcher.restarts_one_process or launcher.standby_whole_world
     check_requested(
-        requested, launcher.name, able, describe(names_where(lambda k: k.restarts_one_process))
+        requested,
+        launcher.name,
+        able,
+        describe(names_where(lambda k: k.restarts_one_process or k.standby_whole_world)),
     )
     return Standby(requested, by_default=able and launcher.standby_by_default)
 
@@ -172,7 +175,12 @@ class Standby:
         if self.size is not None:
             return self.size
         nprocs = world.config.nprocs
-        if self.requested is not None:
+        if self.requested and world.launcher.standby_whole_world:
+            # Taken whole or not at all: fewer than the world would never be taken.
+            self.size = nprocs
+            if self.requested != nprocs:
+                self.note = f"one standby process per pod: {nprocs}, not {self.requested}"
+        elif self.requested is not None:
             self.size = min(self.requested, nprocs)
         elif not self.by_default:
             self.size = 0
@@ -247,12 +255,11 @@ class Standby:
                 del self._booted[s.engine_id]
         return ready
 
-    def _drop_dead(self, world) -> None:
+    def drop_dead(self, world) -> None:
         """Forget standby engines whose process has exited (killed from outside, or failed)."""
         ipp = world.ipp
         for rank, spare in list(self.spares.items()):
-            es = ipp.engines.get(spare.set_id) if ipp is not None else None
-            if es is None or any(getattr(s, "state", "") == "after" for s in sub_launchers(es)):
+            if world.launcher.standby_gone(spare.set_id, rank):
                 del self.spares[rank]
                 self._booted.pop(spare.engine_id, None)
                 if ipp is not None:
@@ -271,7 +278,7 @@ class Standby:
         deadline = time.monotonic() + wait_s
         waited = False
         while True:
-            self._drop_dead(world)
+            self.drop_dead(world)
             have = [r for r in ranks if r in self.spares]
             ready = self.registered(world) & set(have)
             # Without a controller a booting engine can never register: nothing to wait for.
@@ -284,6 +291,9 @@ class Standby:
                 # Shown only when there is something to wait for.
                 report("standby processes ready", len(ready), len(have))
                 waited = True
+            if done and world.launcher.standby_whole_world and len(ready) < len(ranks):
+                # Such a launcher starts the rest only as a whole world: all, or none of it.
+                ready = set()
             if done:
                 self.last_taken = len(ready)
                 taken = {r: self.spares.pop(r) for r in sorted(ready)}

@@ -42,10 +42,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import JaxsysError
+from .pod_standby import StandbySlot
 
 #: The files of a generation in the world's Secret.
 GENERATION = "generation"
@@ -58,6 +59,8 @@ RESTART_PREFIX = "restart-"
 # The variable naming the process an engine dies with (contract.PARENT_PID, copied: this
 # module imports only the standard library).
 PARENT_PID = "JAXSYS_PARENT_PID"
+# The variable a JobSet's pods get their process id in (contract.PROCESS_ID, copied).
+PROCESS_ID = "JAXSYS_PROCESS_ID"
 # Seconds a stand-in waits for the fork server's socket before it starts a plain engine.
 FORK_WAIT_S = 30.0
 # The longest Unix socket path (the kernel's limit is 107 bytes).
@@ -134,9 +137,11 @@ def next_engine(
     default_wait: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    slot: StandbySlot | None = None,
 ) -> str | None:
     """Wait for a generation other than ``seen`` that holds an engine file; None when
-    none comes within the wait. A generation without one (a keep) starts the wait anew."""
+    none comes within the wait. A generation without one (a keep) starts the wait anew,
+    and so does every look while a standby engine (``slot``) runs."""
     deadline = clock() + wait_s(creds, default_wait)
     while True:
         gen = generation(creds)
@@ -154,6 +159,11 @@ def next_engine(
                 _say(f"world restart ({gen}): waiting {wait:g} s for the next engine")
             else:
                 _say(f"kept ({gen}): waiting {wait:g} s for the next kernel")
+        if slot is not None:
+            slot.poll(current(creds), gen)
+            if slot.busy():
+                # A standby engine taken over serves the world: the pod is in use.
+                deadline = max(deadline, clock() + wait_s(creds, default_wait))
         if clock() >= deadline:
             return None
         reap()
@@ -199,31 +209,65 @@ class ForkServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_engine(
-    creds: Path, gen: str, python: str, args: Sequence[str], server: ForkServer | None = None
-) -> int | None:
-    """Run the engine of generation ``gen`` until it ends or the generation changes;
-    its exit code (None when it was replaced)."""
-    config = creds / ENGINE_CONFIG
-    if not config.exists():
-        raise FileNotFoundError(f"{config} is missing from the world's Secret")
-    env = {**os.environ, **json.loads((creds / ENV_FILE).read_text())}
+def launch_engine(
+    env: Mapping[str, str],
+    config: str,
+    url_file: Path | None,
+    python: str,
+    args: Sequence[str],
+    server: ForkServer | None = None,
+    url_text: str | None = None,
+) -> tuple[subprocess.Popen, Path]:
+    """Start an engine with ``env`` added to the pod's environment, in a profile of its
+    own holding ``config``; it reads the controller's engine file at ``url_file``, or a
+    copy of ``url_text`` in its profile. Returns the process and its profile."""
+    env = {**os.environ, **env}
     # The engine (or its stand-in) dies with this runner, as the fork server does.
     env[PARENT_PID] = str(os.getpid())
     profile = Path(tempfile.mkdtemp(prefix="jaxsys-engine-"))
-    shutil.copy(config, profile / ENGINE_CONFIG)
+    (profile / ENGINE_CONFIG).write_text(config)
+    if url_text is not None:
+        url_file = profile / ENGINE_FILE
+        url_file.write_text(url_text)
     start = server.engine_cmd(python) if server else [python, "-m", "ipyparallel.engine"]
-    argv = [
-        *start,
-        f"--profile-dir={profile}",
-        f"--IPEngine.url_file={creds / ENGINE_FILE}",
-        *args,
-    ]
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    argv = [*start, f"--profile-dir={profile}", f"--IPEngine.url_file={url_file}", *args]
+    return subprocess.Popen(argv, env=env, start_new_session=True), profile
+
+
+def end_engine(proc: subprocess.Popen, profile: Path) -> None:
+    """Kill an engine's process group (the engine, its nanny and what its cells started;
+    a forked engine has a group of its own, which it kills when its stand-in goes), and
+    remove its profile."""
+    _killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def run_engine(
+    creds: Path,
+    gen: str,
+    python: str,
+    args: Sequence[str],
+    server: ForkServer | None = None,
+    slot: StandbySlot | None = None,
+) -> int | None:
+    """Run the engine of generation ``gen`` until it ends or the generation changes
+    (looking after the pod's standby engine, ``slot``, meanwhile); its exit code (None
+    when it was replaced)."""
+    config = creds / ENGINE_CONFIG
+    if not config.exists():
+        raise FileNotFoundError(f"{config} is missing from the world's Secret")
+    env = json.loads((creds / ENV_FILE).read_text())
+    proc, profile = launch_engine(
+        env, config.read_text(), creds / ENGINE_FILE, python, args, server
+    )
     replaced = False
     try:
         while proc.poll() is None:
-            if generation(creds) != gen:
+            now = generation(creds)
+            if slot is not None:
+                slot.poll(current(creds), now)
+            if now != gen:
                 replaced = True
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -234,12 +278,32 @@ def run_engine(
             proc.wait(TERM_WAIT_S)
         raise
     finally:
-        # The engine's process group: the engine, its nanny and what its cells started. A
-        # forked engine has a group of its own, which it kills when its stand-in goes.
-        _killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        shutil.rmtree(profile, ignore_errors=True)
+        end_engine(proc, profile)
     return None if replaced else proc.returncode
+
+
+def start_standby(
+    entry: dict, python: str, args: Sequence[str], server: ForkServer | None
+) -> tuple[subprocess.Popen, Callable[[], None]]:
+    """Start the standby engine of a Secret's entry (:mod:`.pod_standby`)."""
+    proc, profile = launch_engine(
+        entry["env"],
+        entry["config"],
+        None,
+        python,
+        [*args, *entry["args"]],
+        server,
+        url_text=entry["engine_file"],
+    )
+    return proc, lambda: end_engine(proc, profile)
+
+
+def own_rank() -> int | None:
+    """The process this pod runs (its JobSet's number, else its Job's index), or None."""
+    for name in (PROCESS_ID, "JOB_COMPLETION_INDEX"):
+        with contextlib.suppress(KeyError, ValueError):
+            return int(os.environ[name])
+    return None
 
 
 def _stop(signum, frame):
@@ -270,16 +334,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(s, _stop)
     seen = None
     server = None if args.no_fork_server else ForkServer(args.python)
+    rank = own_rank()
+    slot = None
+    if rank is not None:
+        slot = StandbySlot(
+            rank, lambda e: start_standby(e, args.python, args.engine_args, server), _say
+        )
     try:
         while True:
-            gen = next_engine(creds, seen, args.wait)
+            gen = next_engine(creds, seen, args.wait, slot=slot)
             if gen is None:
                 _say("no kernel took this pod within its wait: it ends")
                 return 0
             seen = gen
             _say(f"engine of generation {gen} starts")
             try:
-                code = run_engine(creds, gen, args.python, args.engine_args, server)
+                code = run_engine(creds, gen, args.python, args.engine_args, server, slot)
             except FileNotFoundError as e:
                 _say(f"cannot start the engine: {e}")
                 return 1
@@ -289,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"stopped by {e}")
         return 143
     finally:
+        if slot is not None:
+            slot.close()
         if server is not None:
             server.close()
 

@@ -105,3 +105,54 @@ def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
         print(f"start, cell, restart ({took:.1f} s), cell, stop: {time.monotonic() - t0:.1f} s")
     finally:
         k.shutdown()
+
+
+def _standby_ready(k, n: int, within: float = 60.0) -> str:
+    """``%jaxsys status`` once the standby has ``n`` processes ready (bounded wait)."""
+    deadline = time.monotonic() + within
+    while True:
+        status = k.ok("%jaxsys status").stdout
+        if f"standby: {n} of {n} processes ready for a restart" in status:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
+def test_a_restart_takes_over_the_standby_engine_booted_in_each_pod(k8s, tag):
+    conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
+    k = Kernel(tag, extra_env={"KUBECONFIG": str(conf)})
+    try:
+        out = k.execute(f"{START} --standby 2", timeout=90)
+        assert out.status == "ok", f"{out.error}\n{out.stderr}"
+        [job] = k8s.api.list("Job", "default")
+        world, pods = job["metadata"]["name"], _pod_uids(k8s)
+        _standby_ready(k, 2)
+        first = _world(k.ok(WORLD_CELL).stdout)
+        k.ok(CHILD_CELL.format(mark=(mark1 := f"601.{k.pid}")))
+        out = k.ok("%jaxsys restart", timeout=60)
+        # Every process came from its pod's standby: no generation started an engine.
+        assert "(2 from the standby)" in out.stdout, out.stdout
+        assert "living pods" not in out.progress, out.progress
+        assert _pod_uids(k8s) == pods
+        assert [j["metadata"]["name"] for j in k8s.api.list("Job", "default")] == [world]
+        second = _world(k.ok(WORLD_CELL).stdout)
+        assert [(f[0], f[1], f[2], f[4], f[5]) for f in second] == [
+            (str(i), "2", "2", "3.0", "forked") for i in range(2)
+        ]
+        assert {f[3] for f in first}.isdisjoint(f[3] for f in second)
+        assert _running(mark1) == []
+        # The pods boot the next standby; the engines that took over serve until the next
+        # restart, which ends them (and what their cells started) in turn.
+        k.ok(CHILD_CELL.format(mark=(mark2 := f"602.{k.pid}")))
+        assert len(_running(mark2)) == 2
+        _standby_ready(k, 2)
+        out = k.ok("%jaxsys restart", timeout=60)
+        assert "(2 from the standby)" in out.stdout, out.stdout
+        third = _world(k.ok(WORLD_CELL).stdout)
+        assert [(f[0], f[2], f[4]) for f in third] == [(str(i), "3", "3.0") for i in range(2)]
+        assert {f[3] for f in second}.isdisjoint(f[3] for f in third)
+        assert _running(mark2) == []
+        k.ok("%jaxsys stop")
+        _nothing_left(k8s, tag, k.pid, DRAIN_S)
+    finally:
+        k.shutdown()

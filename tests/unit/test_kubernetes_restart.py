@@ -106,6 +106,9 @@ class _Worlds:
         self.name, self.namespace, self.top_kind = "w-1", "default", "Job"
         self.why, self.calls, self.nudge_note, self.owner_note = why, [], None, "none"
 
+    def drop_standby(self, set_ids):
+        self.dropped = set_ids
+
     def end_engines(self):
         self.calls.append("end_engines")
         return self.why

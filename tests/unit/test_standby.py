@@ -9,6 +9,7 @@ import pytest
 
 from jaxsys_kernel.cluster import standby
 from jaxsys_kernel.cluster.launchers import LocalLauncher, MpiLauncher, SshLauncher
+from jaxsys_kernel.cluster.launchers.kubernetes import KubernetesLauncher
 from jaxsys_kernel.errors import ConfigError
 
 GB = 2**30
@@ -112,7 +113,9 @@ def _world(spares: dict[int, int], booted: dict[int, bool], exited=()):
         f"standby-p{r}-e{eid}": SimpleNamespace(state="after" if r in exited else "running")
         for r, eid in spares.items()
     }
-    return SimpleNamespace(client=Client(booted), ipp=SimpleNamespace(engines=engines))
+    launcher = LocalLauncher.__new__(LocalLauncher)
+    launcher.ipp = SimpleNamespace(engines=engines)
+    return SimpleNamespace(client=Client(booted), ipp=launcher.ipp, launcher=launcher)
 
 
 def _standby_with(spares: dict[int, int]) -> standby.Standby:
@@ -135,6 +138,47 @@ def test_only_booted_registered_engines_are_taken_and_the_rest_stay():
     assert seen and seen[-1] == ("standby processes ready", 1, 3)
     assert {eid for eid, name in world.client.asked} == {1000, 1001}
     assert {name for _, name in world.client.asked} == {"wait_booted"}
+
+
+def test_a_standby_kept_in_pods_is_taken_whole_or_not_at_all():
+    s = _standby_with({0: 1000, 1: 1001})
+    world = _world({0: 1000, 1: 1001}, {1000: True, 1001: False})
+    world.launcher = KubernetesLauncher.__new__(KubernetesLauncher)
+    world.launcher.worlds = SimpleNamespace(
+        name="w", standby={0: ("standby-p0-e1000", {}), 1: ("standby-p1-e1001", {})}
+    )
+    world.launcher.worlds.pod_of = lambda rank: SimpleNamespace(
+        status=SimpleNamespace(phase="Running")
+    )
+    # Only 1000 has booted: a pod cannot start rank 1's engine alone, so neither is taken.
+    assert asyncio.run(s.take(world, [0, 1], lambda *a: None, wait_s=0.1)) == {}
+    assert set(s.spares) == {0, 1} and s.last_taken == 0
+    world.client.booted[1001] = True
+    s._booted.clear()
+    assert set(asyncio.run(s.take(world, [0, 1], lambda *a: None, wait_s=5))) == {0, 1}
+
+
+def test_a_pods_standby_is_gone_once_its_entry_or_its_pod_is():
+    launcher = KubernetesLauncher.__new__(KubernetesLauncher)
+    phase = {"now": "Running"}
+    launcher.worlds = SimpleNamespace(name="w", standby={0: ("standby-p0-e1000", {})})
+    launcher.worlds.pod_of = lambda rank: SimpleNamespace(
+        status=SimpleNamespace(phase=phase["now"])
+    )
+    assert not launcher.standby_gone("standby-p0-e1000", 0)
+    assert launcher.standby_gone("standby-p0-e999", 0)  # another set's entry
+    assert launcher.standby_gone("standby-p1-e1001", 1)  # no entry
+    phase["now"] = "Succeeded"
+    assert launcher.standby_gone("standby-p0-e1000", 0)
+
+
+def test_a_standby_in_pods_is_one_per_pod_whatever_the_number_asked():
+    world = SimpleNamespace(
+        config=SimpleNamespace(nprocs=4), launcher=KubernetesLauncher.__new__(KubernetesLauncher)
+    )
+    s = standby.Standby(requested=2, by_default=False)
+    assert s.decide_size(world) == 4 and s.note == "one standby process per pod: 4, not 2"
+    assert standby.Standby(requested=0, by_default=False).decide_size(world) == 0
 
 
 def test_an_engine_that_exited_is_forgotten():

@@ -20,7 +20,14 @@ from ..._ranges import format_procs
 from .. import stacks
 from ..allocation import Allocation
 from ..security import handshake_trace_env
-from ..teardown import engine_start_times, killpg_all, launcher_pids, pid_alive, wait_gone
+from ..teardown import (
+    engine_start_times,
+    killpg_all,
+    launcher_pids,
+    pid_alive,
+    sub_launchers,
+    wait_gone,
+)
 from .kind import LauncherKind
 
 if TYPE_CHECKING:
@@ -342,6 +349,12 @@ class Launcher(LauncherKind):
         that id and is not recorded as serving the rank until it takes over.
         """
         raise NotImplementedError(f"the {self.name} launcher starts every rank in one job")
+
+    def standby_gone(self, set_id: str, rank: int) -> bool:
+        """Whether the standby engine of engine set ``set_id`` (kept for ``rank``) is known
+        to have exited: its engine set is gone or has ended."""
+        es = self.ipp.engines.get(set_id) if self.ipp is not None else None
+        return es is None or any(getattr(s, "state", "") == "after" for s in sub_launchers(es))
 
     def takeover_settings(self, rank: int, ctx: EngineContext) -> dict[str, str]:
         """What a standby engine kept for ``rank`` is told when it joins incarnation

@@ -40,6 +40,9 @@ class LauncherKind:
     #: A single process can be restarted into the running world (and so processes can be
     #: launched one by one, which a standby needs).
     restarts_one_process: ClassVar[bool] = False
+    #: Keeps a standby for world restarts only, taken whole or not at all: each host runs
+    #: its rank's standby engine beside the world's (pods), but cannot start one rank alone.
+    standby_whole_world: ClassVar[bool] = False
     #: Keeps a standby (see cluster/standby.py) when the user asks for none.
     standby_by_default: ClassVar[bool] = False
     #: Engines read a complete copy of the controller's engine file (see bringup.py).

@@ -13,10 +13,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ClusterError, ConfigError
 from ..options import Flag
 from . import kubernetes_api
 from .base import Launcher, listen_addresses
+from .kubernetes_generation import generation_files, in_cluster_address, pod_env, standby_files
 from .kubernetes_kept import KeptWorld, forget_saved_world
 from .kubernetes_kept import job_allocation as world_allocation
 from .kubernetes_manifests import (  # noqa: F401 - the launcher's public names
@@ -37,7 +38,7 @@ from .kubernetes_manifests import (  # noqa: F401 - the launcher's public names
     world_manifests,
     world_name,
 )
-from .kubernetes_world import PodWorlds, generation_files, in_cluster_address
+from .kubernetes_world import PodWorlds
 from .remote import remote_engine_args
 
 
@@ -85,6 +86,9 @@ class KubernetesLauncher(Launcher):
     rank_variables = ("JOB_COMPLETION_INDEX",)
     size_variables = ()
     allocation_kind = KeptWorld
+    # Each pod boots its standby engine beside the world's (engine/pod_standby.py); a pod
+    # cannot start one rank's engine alone, so a restart takes all of them or none.
+    standby_whole_world = True
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -198,10 +202,42 @@ class KubernetesLauncher(Launcher):
             if not said_owner and self.worlds.owner_note:
                 report(f"Kubernetes worlds: {self.worlds.owner_note}", 0, self.config.nprocs)
         w = self.worlds
+        self.engine_sets = {}  # the world's engines: no standby engine serves a rank
         self.allocation = KeptWorld(
             f"{w.namespace}/{w.name}", self.config.launcher_options.get("kubeconfig"), w.top_kind
         )
         w.wait_running(report, timeout)
+
+    async def launch_rank(self, rank, set_id, ctx, *, engine_id=None) -> None:
+        """Keep a standby engine for ``rank`` in its pod: an entry in the world's Secret,
+        which the pod's runner starts (engine/pod_standby.py). Only standby engines: a
+        pod does not start one rank's engine of a world alone."""
+        if engine_id is None:
+            await super().launch_rank(rank, set_id, ctx)
+        await asyncio.to_thread(self._keep_standby, rank, set_id, ctx, engine_id)
+
+    def _keep_standby(self, rank: int, set_id: str, ctx, engine_id: int) -> None:
+        w = self.worlds
+        if w is None or w.name is None:
+            raise ClusterError("no Kubernetes world runs to keep a standby engine in")
+        cluster_id = self.ipp.cluster_id
+        files = generation_files(
+            cluster_id, {}, ctx.pki, ctx.profile, float(self.config.register_timeout)
+        )
+        env = pod_env(self.engine_env(rank, ctx), ctx.pki, ctx.profile)
+        token = f"{cluster_id}-{set_id}"
+        args = [f"--IPEngine.id={engine_id}"]
+        w.standby[rank] = (set_id, standby_files(rank, token, env, args, files))
+        note = w.write_standby()
+        if note:
+            print(f"jaxsys: Kubernetes world {w.name}: {note}", file=sys.stderr)
+
+    def standby_gone(self, set_id: str, rank: int) -> bool:
+        w = self.worlds
+        if w is None or w.name is None or w.standby.get(rank, (None,))[0] != set_id:
+            return True
+        pod = w.pod_of(rank)
+        return pod is None or pod.status.phase in ("Failed", "Succeeded")
 
     def _into_living_pods(self, files, report) -> bool:
         """Run generation ``files`` in pods that run already: those of the world to
@@ -237,6 +273,8 @@ class KubernetesLauncher(Launcher):
         if w is None or w.name is None:
             return
         name = w.name
+        # Standby engines that took over serve the world that ends now: the pods end them.
+        w.drop_standby(set(self.engine_sets.values()))
         why = w.end_engines()
         self._in_place = why is None
         self._pods_gone = False

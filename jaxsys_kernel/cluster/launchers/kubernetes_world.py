@@ -24,35 +24,27 @@ TTL (``JAXSYS_LEASE_TTL``) for a kernel, then its pods end and the cluster delet
 from __future__ import annotations
 
 import base64
-import json
-import os
 import secrets
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from ...engine.pod import (
-    ENGINE_CONFIG,
-    ENGINE_FILE,
-    ENV_FILE,
-    GENERATION,
-    RESTART_PREFIX,
-    WAIT_FILE,
-)
-from ..lease import ttl_s
-from ..profile import controller_file
+from ...engine.pod import ENGINE_CONFIG, ENGINE_FILE, GENERATION, RESTART_PREFIX
+from ...engine.pod_standby import STANDBY_PREFIX
+from ...errors import ClusterError
 from ..records import ClusterStartError
 from . import kubernetes_api as api
 from . import kubernetes_owner as owner_of
-from .kubernetes_manifests import (
-    CREDENTIALS_DIR,
-    secret_name,
-    split_job_id,
-    world_manifests,
-    world_name,
+from .kubernetes_generation import (  # noqa: F401 - pod_command and the rest are this module's too
+    credential_files,
+    generation_files,
+    in_cluster_address,
+    pod_command,
+    pod_env,
+    wait_file,
 )
+from .kubernetes_manifests import secret_name, split_job_id, world_manifests, world_name
 
 __all__ = ["ENGINE_CONFIG", "ENGINE_FILE", "KEPT_LABEL", "PodWorlds", "pod_command"]
 
@@ -69,66 +61,6 @@ DELETE_WAIT_S = 15.0
 # TTL) is deleted by the cluster this long after, and its Secret and Service with it
 # (launcher option ttl_after_finished).
 TTL_AFTER_FINISHED_S = 60
-
-
-def pod_command(python: str, args: Sequence[str] = (), wait: float | None = None) -> list[str]:
-    """What each pod runs: the engines of one generation after another (``args`` are
-    theirs), each waited for ``wait`` seconds (default: the lease's TTL)."""
-    wait = ttl_s() if wait is None else wait
-    return [
-        *(python, "-m", "jaxsys_kernel.engine.pod"),
-        *(f"--credentials={CREDENTIALS_DIR}", f"--wait={wait:g}", "--"),
-        *args,
-    ]
-
-
-def credential_files(pki) -> dict[str, Path]:
-    """Every certificate and key of a world's processes, and the CA's certificate, by the
-    file name they get in the Secret."""
-    files: dict[str, Path] = {}
-    for i in range(pki.nprocs):
-        creds = pki.credentials(i)
-        for path in (creds.cert_file, creds.key_file, creds.ca_file):
-            files[Path(path).name] = Path(path)
-    return files
-
-
-def pod_env(env: Mapping[str, str], pki, profile: Path | None) -> dict[str, str]:
-    """The engines' environment as the pods see it: certificate paths point into the
-    mounted Secret, and nothing names a file of the kernel's profile."""
-    dirs = set()
-    if pki is not None:
-        dirs = {str(pki.cert_dir), str(Path(pki.ca_file).parent)}
-    out = {}
-    for k, v in env.items():
-        parent = str(Path(v).parent) if v.startswith("/") else None
-        if parent in dirs:
-            out[k] = f"{CREDENTIALS_DIR}/{Path(v).name}"
-        elif profile is not None and v.startswith(f"{profile}/"):
-            continue  # a file of the kernel's machine: the engine makes its own
-        else:
-            out[k] = v
-    return out
-
-
-def generation_files(
-    cluster_id: str, env: Mapping[str, str], pki, profile: Path, timeout: float
-) -> dict[str, bytes]:
-    """This kernel's generation, as files of a world's Secret: the controller's engine
-    file (once the controller has written it), the engines' config and environment
-    (:func:`pod_env`), every certificate and key, and the wait after the engines end."""
-    files = {ENGINE_FILE: _engine_file(profile, cluster_id, timeout).encode()}
-    files[ENGINE_CONFIG] = (profile / ENGINE_CONFIG).read_bytes()
-    if pki is not None:
-        files.update({k: p.read_bytes() for k, p in credential_files(pki).items()})
-    files[ENV_FILE] = json.dumps(pod_env(env, pki, profile), sort_keys=True).encode()
-    files[GENERATION] = f"{cluster_id}-{secrets.token_hex(6)}".encode()
-    return {**files, **_wait_file()}
-
-
-def _wait_file() -> dict[str, bytes]:
-    """How long pods wait for a kernel once their engines end: the lease's TTL."""
-    return {WAIT_FILE: f"{ttl_s():g}".encode()}
 
 
 def _named(api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
@@ -165,6 +97,9 @@ class PodWorlds:
         self.owner_note: str | None = None
         # Why the pods saw the last generation only late (end_engines), or None.
         self.nudge_note: str | None = None
+        # The standby engine kept in each living pod, by rank: its engine set's id and its
+        # files in the Secret (kubernetes_generation.standby_files).
+        self.standby: dict[int, tuple[str, dict[str, bytes]]] = {}
 
     @property
     def client(self):
@@ -286,7 +221,7 @@ class PodWorlds:
         name, manifests, self.manifests, self.name = self.name, self.manifests, None, None
         if name is None:
             return
-        kept = {GENERATION: f"kept-{secrets.token_hex(6)}".encode(), **_wait_file()}
+        kept = {GENERATION: f"kept-{secrets.token_hex(6)}".encode(), **wait_file()}
         try:
             secret = api.read_secret(self.client, self.namespace, secret_name(name))
             if secret is not None and self._write(secret, kept, kept=True):
@@ -319,7 +254,7 @@ class PodWorlds:
             if secret is None:
                 return f"its Secret {secret_name(self.name)} is gone"
             ended = {GENERATION: f"{RESTART_PREFIX}{secrets.token_hex(6)}".encode()}
-            if not self._write(secret, {**ended, **_wait_file()}, kept=False):
+            if not self._write(secret, {**ended, **wait_file()}, kept=False):
                 return "its Secret was changed by someone else"
         except (ApiException, OSError) as e:
             # Whether the pods saw the end is unknown: only new pods are sure to be clean.
@@ -346,15 +281,50 @@ class PodWorlds:
         return self._nudge(pods, files[GENERATION])
 
     def _write(self, secret: dict[str, Any], files: Mapping[str, bytes], kept: bool) -> bool:
-        """Replace the Secret's files with ``files``, labelled kept or not; False when it
-        changed since it was read."""
+        """Replace the Secret's files with ``files`` and, unless it is kept, the standby
+        engines' (:attr:`standby`), labelled kept or not; False when it changed since it
+        was read."""
         labels = dict(secret["metadata"].get("labels") or {})
         labels.pop(KEPT_LABEL, None)
         if kept:
             labels[KEPT_LABEL] = "true"
+            self.standby.clear()  # the pods end them: a kept world runs no engine
+        else:
+            standby = {k: v for _, entry in self.standby.values() for k, v in entry.items()}
+            files = {**standby, **files}
         secret["metadata"]["labels"] = labels
         secret["data"] = {k: base64.b64encode(v).decode() for k, v in sorted(files.items())}
         return api.replace_secret(self.client, secret)
+
+    def write_standby(self) -> str | None:
+        """Write the standby engines' entries (:attr:`standby`) into the Secret beside its
+        generation, so that each pod starts (or ends) its own; a note when the pods could
+        not be told at once.
+
+        Raises
+        ------
+        ClusterError
+            When the world's Secret is gone or was changed by someone else meanwhile.
+        """
+        secret = api.read_secret(self.client, self.namespace, secret_name(self.name))
+        if secret is not None:
+            data = secret.get("data") or {}
+            files = {
+                k: base64.b64decode(v) for k, v in data.items() if not k.startswith(STANDBY_PREFIX)
+            }
+            if self._write(secret, files, kept=False):
+                pods = api.pods(self.client, self.namespace, self.name)
+                gen = files.get(GENERATION, b"").decode()
+                return self._nudge(pods, f"{gen}+standby-{secrets.token_hex(3)}")
+        raise ClusterError(
+            f"the Secret of the Kubernetes world {self.name} was deleted or changed while "
+            "its standby engines were written; %jaxsys restart makes them again"
+        )
+
+    def drop_standby(self, set_ids: set[str]) -> None:
+        """Forget the standby entries of these engine sets (they serve the world now)."""
+        for rank in [r for r, (set_id, _) in self.standby.items() if set_id in set_ids]:
+            del self.standby[rank]
 
     def _nudge(self, pods: Sequence[Any], gen: str | bytes) -> str | None:
         """Annotate the pods with the generation, so that the kubelet projects the new
@@ -423,6 +393,7 @@ class PodWorlds:
         """Delete the running world and wait (bounded) until its pods are gone; whether
         they are (True too when there was no world)."""
         manifests, name, self.manifests, self.name = self.manifests, self.name, None, None
+        self.standby.clear()  # they go with the pods
         if not manifests:
             return True
         api.delete(self.client, manifests)
@@ -458,27 +429,3 @@ def not_reusable(pods: Sequence[Any], nprocs: int, per_job: int) -> str | None:
         if pod.status.phase != "Running":
             return f"pod {pod.metadata.name} (process {r}) is {pod.status.phase}"
     return None
-
-
-def _engine_file(profile: Path, cluster_id: str, timeout: float) -> str:
-    """The controller's engine connection file, once the controller has filled it in."""
-    src = controller_file(profile, cluster_id, "engine")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            text = src.read_text()
-            json.loads(text)
-            return text
-        except (OSError, ValueError):
-            if time.monotonic() > deadline:
-                raise ClusterStartError(
-                    f"the controller did not write {src} within {timeout:g} s"
-                ) from None
-            time.sleep(0.02)
-
-
-def in_cluster_address() -> str | None:
-    """This pod's IP when the kernel runs in a Kubernetes pod (engines reach it there)."""
-    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return None
-    return os.environ.get("POD_IP") or None
