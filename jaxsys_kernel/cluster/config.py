@@ -235,7 +235,8 @@ class ClusterConfig:
         None,
         "Processes kept booted (Python, IPython, ipyparallel and JAX imported) to replace the "
         "world's at a restart; default: one world's worth when processes run on this machine "
-        f"and memory allows, 0 for remote launchers. ${STANDBY_VARIABLE} gives it when unset.",
+        "and memory allows, one per pod on Kubernetes (where any N but 0 means one per "
+        f"pod), 0 for other remote launchers. ${STANDBY_VARIABLE} gives it when unset.",
         Flag("--standby", kwargs={"type": int, "metavar": "N"}),
         doc_type="int",
     )

@@ -175,10 +175,12 @@ class Standby:
         if self.size is not None:
             return self.size
         nprocs = world.config.nprocs
-        if self.requested and world.launcher.standby_whole_world:
-            # Taken whole or not at all: fewer than the world would never be taken.
+        whole = world.launcher.standby_whole_world
+        if whole and (self.requested or (self.requested is None and self.by_default)):
+            # Taken whole or not at all: fewer than the world would never be taken. Each
+            # host holds its own, so this machine's memory does not size it.
             self.size = nprocs
-            if self.requested != nprocs:
+            if self.requested and self.requested != nprocs:
                 self.note = f"one standby process per pod: {nprocs}, not {self.requested}"
         elif self.requested is not None:
             self.size = min(self.requested, nprocs)

@@ -80,6 +80,17 @@ def _nothing_left(k8s, tag: str, kernel_pid: int | None, within: float) -> float
     return time.monotonic() - t0
 
 
+def _standby_ready(k, n: int, within: float = 60.0) -> str:
+    """``%jaxsys status`` once the standby has ``n`` processes ready (bounded wait)."""
+    deadline = time.monotonic() + within
+    while True:
+        status = k.ok("%jaxsys status").stdout
+        if f"standby: {n} of {n} processes ready for a restart" in status:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
 def notebook_pod(k8s, name: str) -> dict:
     """A pod for a kernel to run "in" (``POD_NAME``): the test kubelet does not run it,
     as it is already Running."""
@@ -155,8 +166,10 @@ def test_a_deleted_pod_is_named_and_a_restart_makes_a_new_world(k8s, tag):
 def test_a_killed_kernels_world_is_gone_after_its_ttl(k8s, tag):
     k = _kernel(k8s, tag, JAXSYS_LEASE_TTL=str(LEASE_S), JAXSYS_ENGINE_HEARTBEAT_MISSES=str(MISSES))
     try:
-        _start(k, k8s, f"--ttl-after-finished {TTL_S}")
+        # With each pod's standby engine booted: it, too, leaves with the heartbeats.
+        _start(k, k8s, f"--ttl-after-finished {TTL_S} --standby 2")
         assert len(list(k8s.processes())) == 2
+        _standby_ready(k, 2)
         os.kill(k.pid, signal.SIGKILL)
         t0 = time.monotonic()
         # The engines miss the controller's heartbeats and end; the pods wait the lease's

@@ -89,6 +89,7 @@ class KubernetesLauncher(Launcher):
     # Each pod boots its standby engine beside the world's (engine/pod_standby.py); a pod
     # cannot start one rank's engine alone, so a restart takes all of them or none.
     standby_whole_world = True
+    standby_by_default = True
 
     @classmethod
     def check_options(cls, options) -> None:
