@@ -1,9 +1,10 @@
 """A pod's standby engine: booted beside the world's engine, taken over at a world restart.
 
-The kernel keeps one standby engine per pod (``%jaxsys start --standby N``) by writing an
-entry for it into the world's Secret (:func:`entry_name`): its environment (its rank's, with
-no coordinator), its arguments (the engine id it asks for), and the engine file and config
-it starts with. The pod's runner (:mod:`.pod`) starts it as it starts the world's engines,
+The kernel keeps one standby engine per pod (by default; ``--standby 0`` keeps none) by
+writing an entry for it into the world's Secret (:func:`entry_name`): its environment (its
+rank's, with no coordinator) and its arguments (the engine id it asks for), beside the
+engine file and config every standby engine starts with (:data:`ENGINE_COPY`,
+:data:`CONFIG_COPY`). The pod's runner (:mod:`.pod`) starts it as it starts the world's engines,
 forked from the pod's fork server, so it registers with the controller, imports JAX and
 waits. A world restart then ends the world's engines and hands the standby engines the new
 world (``bootstrap.take_over``): nothing boots while the user waits.
@@ -29,20 +30,30 @@ from pathlib import Path
 STANDBY_PREFIX = "standby-"
 
 
+#: The controller's engine file and the engines' config that standby engines start with,
+#: once for every pod (a generation without an engine has neither).
+ENGINE_COPY = f"{STANDBY_PREFIX}engine.json"
+CONFIG_COPY = f"{STANDBY_PREFIX}config.py"
+
+
 def entry_name(rank: int) -> str:
     """The Secret's key for the standby engine of the pod of process ``rank``."""
     return f"{STANDBY_PREFIX}{rank}.json"
 
 
 def read_entry(folder: Path, rank: int) -> dict | None:
-    """The standby entry for ``rank`` in the Secret's current set ``folder``, or None when
-    there is none (or it cannot be read as one)."""
+    """The standby entry for ``rank`` in the Secret's current set ``folder``, with the
+    engine file and config it starts with (``engine_file``, ``config``), or None when there
+    is none (or it cannot be read as one)."""
     try:
         entry = json.loads((folder / entry_name(rank)).read_text())
+        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
+            return None
+        entry["engine_file"] = (folder / ENGINE_COPY).read_text()
+        entry["config"] = (folder / CONFIG_COPY).read_text()
     except (OSError, ValueError):
         return None
-    ok = isinstance(entry, dict) and isinstance(entry.get("token"), str)
-    return entry if ok else None
+    return entry
 
 
 @dataclass
@@ -112,4 +123,11 @@ class StandbySlot:
             self._end(token)
 
 
-__all__ = ["STANDBY_PREFIX", "StandbySlot", "entry_name", "read_entry"]
+__all__ = [
+    "CONFIG_COPY",
+    "ENGINE_COPY",
+    "STANDBY_PREFIX",
+    "StandbySlot",
+    "entry_name",
+    "read_entry",
+]

@@ -8,7 +8,13 @@ import json
 import pytest
 
 from jaxsys_kernel.engine import pod
-from jaxsys_kernel.engine.pod_standby import StandbySlot, entry_name, read_entry
+from jaxsys_kernel.engine.pod_standby import (
+    CONFIG_COPY,
+    ENGINE_COPY,
+    StandbySlot,
+    entry_name,
+    read_entry,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -21,11 +27,18 @@ class _Proc:
         return self.returncode
 
 
+def _copies(folder) -> None:
+    """The engine file and config every standby engine starts with."""
+    (folder / ENGINE_COPY).write_text("{}")
+    (folder / CONFIG_COPY).write_text("c = get_config()\n")
+
+
 class _Pod:
     """A pod's Secret folder and what its slot started and ended."""
 
     def __init__(self, folder):
         self.folder = folder
+        _copies(folder)
         self.started: dict[str, _Proc] = {}
         self.ended: list[str] = []
         self.said: list[str] = []
@@ -78,7 +91,14 @@ def test_a_standby_that_ended_on_its_own_is_not_started_again(tmp_path):
     assert "standby engine t1 ended with exit code 0" in p.said
 
 
-def test_an_entry_that_cannot_be_read_is_none(tmp_path):
+def test_an_entry_is_read_with_the_files_it_starts_with_or_is_none(tmp_path):
+    (tmp_path / entry_name(3)).write_text(json.dumps({"token": "t", "env": {}, "args": []}))
+    assert read_entry(tmp_path, 3) is None  # the engine file and config are not there yet
+    _copies(tmp_path)
+    assert read_entry(tmp_path, 3) == {
+        **{"token": "t", "env": {}, "args": []},
+        **{"engine_file": "{}", "config": "c = get_config()\n"},
+    }
     (tmp_path / entry_name(3)).write_text("{not json")
     assert read_entry(tmp_path, 3) is None
     (tmp_path / entry_name(3)).write_text('{"no": "token"}')
@@ -118,6 +138,7 @@ def test_a_pod_whose_standby_serves_a_world_does_not_end_after_its_wait(tmp_path
     (tmp_path / pod.GENERATION).write_text("restart-1")
     (tmp_path / pod.WAIT_FILE).write_text("2")
     (tmp_path / entry_name(0)).write_text(json.dumps({"token": "t1"}))
+    _copies(tmp_path)
     slot = StandbySlot(0, lambda entry: (proc, lambda: None), lambda text: None)
     assert pod.next_engine(tmp_path, "g1", 5.0, clock, clock.sleep, slot=slot) is None
     assert 11.0 <= clock.now < 11.5

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...engine.pod import ENGINE_CONFIG, ENGINE_FILE, ENV_FILE, GENERATION, WAIT_FILE
-from ...engine.pod_standby import entry_name
+from ...engine.pod_standby import CONFIG_COPY, ENGINE_COPY, entry_name
 from ..lease import ttl_s
 from ..profile import controller_file
 from ..records import ClusterStartError
@@ -88,20 +88,17 @@ def standby_files(
     rank: int, token: str, env: Mapping[str, str], args: Sequence[str], files: Mapping[str, bytes]
 ) -> dict[str, bytes]:
     """The Secret's files for the standby engine ``token`` of the pod of process ``rank``:
-    its entry (environment, arguments, and the engine file and config it starts with, so
-    that it can start under a generation without an engine), and the certificates its
-    environment names. ``files`` is a generation (:func:`generation_files`)."""
-    entry = {
-        "token": token,
-        "env": dict(env),
-        "args": list(args),
-        "engine_file": files[ENGINE_FILE].decode(),
-        "config": files[ENGINE_CONFIG].decode(),
+    its entry (environment and arguments), copies of the engine file and config it starts
+    with (so that it can start under a generation without an engine), and the certificates
+    its environment names. ``files`` is a generation (:func:`generation_files`)."""
+    entry = {"token": token, "env": dict(env), "args": list(args)}
+    own = (GENERATION, WAIT_FILE, ENV_FILE, ENGINE_FILE, ENGINE_CONFIG)
+    return {
+        **{k: v for k, v in files.items() if k not in own},
+        ENGINE_COPY: files[ENGINE_FILE],
+        CONFIG_COPY: files[ENGINE_CONFIG],
+        entry_name(rank): json.dumps(entry, sort_keys=True).encode(),
     }
-    keep = {k: v for k, v in files.items() if k not in (GENERATION, WAIT_FILE, ENV_FILE)}
-    keep.pop(ENGINE_FILE)
-    keep.pop(ENGINE_CONFIG)
-    return {**keep, entry_name(rank): json.dumps(entry, sort_keys=True).encode()}
 
 
 def engine_file(profile: Path, cluster_id: str, timeout: float) -> str:
