@@ -5,15 +5,13 @@ The kernel keeps its controller; each pod of the world's Indexed Job runs one en
 finds the controller, its CurveZMQ keys and its mTLS certificate in the world's Secret (the
 pods share nothing else with the kernel). Process i is pod i; the hang doctor's stacks come
 back from the pods; a deleted pod is named as the cause of its process's death; a world
-restart makes a new Job; stop, and a killed kernel after the pods' wait (the lease's TTL) and
-the world's TTL, leave no pod, Job, Secret, Service or process.
+restart makes a new Job; stop leaves no pod, Job, Secret, Service or process (and a killed
+kernel neither, after the pods' wait and the world's TTL: tests/live/test_kubernetes_lifetime.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 
 import pytest
@@ -35,11 +33,6 @@ WHERE_CELL = (
 KINDS = ("Pod", "Job", "Secret", "Service")
 # Seconds from a stop (or from the TTL's end) to nothing left.
 DRAIN_S = 20.0
-TTL_S = 1
-# Seconds pods wait for a kernel once their engines ended (the lease's TTL).
-LEASE_S = 3
-# Heartbeats the pods' engines may miss before they leave (4: about 3 s, not 15).
-MISSES = 4
 
 
 @pytest.fixture
@@ -159,46 +152,5 @@ def test_a_deleted_pod_is_named_and_a_restart_makes_a_new_world(k8s, tag):
         assert out.stdout == "".join(f"[p{i}] {i} on {second}-{i} 4\n" for i in range(2))
         k.ok("%jaxsys stop")
         _nothing_left(k8s, tag, k.pid, DRAIN_S)
-    finally:
-        k.shutdown()
-
-
-def test_a_killed_kernels_world_is_gone_after_its_ttl(k8s, tag):
-    k = _kernel(k8s, tag, JAXSYS_LEASE_TTL=str(LEASE_S), JAXSYS_ENGINE_HEARTBEAT_MISSES=str(MISSES))
-    try:
-        # With each pod's standby engine booted: it, too, leaves with the heartbeats.
-        _start(k, k8s, f"--ttl-after-finished {TTL_S} --standby 2")
-        assert len(list(k8s.processes())) == 2
-        _standby_ready(k, 2)
-        os.kill(k.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        # The engines miss the controller's heartbeats and end; the pods wait the lease's
-        # TTL for a kernel and end; the Job finishes; the TTL controller deletes it, and
-        # the garbage collector its Secret and Service.
-        within = MISSES * 0.75 + LEASE_S + TTL_S + DRAIN_S
-        took = _nothing_left(k8s, tag, None, within)
-        print(f"kernel SIGKILL to nothing left: {time.monotonic() - t0:.1f} s (TTL {TTL_S} s)")
-        assert took < within
-    finally:
-        k.shutdown()
-
-
-def test_a_kernel_pods_worlds_are_its_own_and_go_when_it_is_deleted(k8s, tag):
-    kernel_pod = notebook_pod(k8s, "notebook-0")
-    conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
-    env = {"KUBECONFIG": str(conf), "POD_NAME": "notebook-0", "POD_NAMESPACE": "default"}
-    k = Kernel(tag, extra_env=env)
-    try:
-        out = k.execute(f"{START} --hosts 2 --ttl-after-finished 600", timeout=180)
-        assert out.status == "ok", (out.error, out.stderr)
-        assert "owned by the kernel's pod notebook-0" in out.progress, out.progress
-        [job] = k8s.api.list("Job", "default")
-        [owner] = job["metadata"]["ownerReferences"]
-        assert (owner["kind"], owner["uid"]) == ("Pod", kernel_pod["metadata"]["uid"])
-        # Deleting the kernel's pod deletes its world at once (the TTL is 10 minutes), as
-        # the cluster's garbage collector does; then the kubelet ends the kernel.
-        k8s.api.delete("Pod", "default", "notebook-0")
-        os.kill(k.pid, signal.SIGKILL)
-        assert _nothing_left(k8s, tag, None, DRAIN_S) < DRAIN_S
     finally:
         k.shutdown()
