@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
+import threading
+import time
 from types import SimpleNamespace
 
 from jaxsys_kernel.engine import divergence
@@ -71,3 +74,48 @@ def test_records_are_cut_to_what_the_kernel_accepts():
         assert "name is 50,000 characters" in str(e)
     else:
         raise AssertionError("an over-long name was accepted")
+
+
+def _fake_jax(monkeypatch) -> None:
+    """Enough of JAX for start and stop: its config's dispatch-records option."""
+
+    class Config:
+        jax_distributed_debug = False
+
+        def update(self, name, value):
+            setattr(self, name, value)
+
+    monkeypatch.setitem(sys.modules, "jax", SimpleNamespace(config=Config()))
+
+
+def _samplers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "jaxsys-divergence"]
+
+
+def _wait_for(done, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
+
+
+def test_one_sampler_serves_every_cell_and_looks_only_while_one_runs(monkeypatch):
+    _fake_jax(monkeypatch)
+    seen: list[dict] = []
+    rec = divergence.Recorder(publish=seen.append)
+    before = len(_samplers())
+    for _ in range(20):  # back-to-back cells: no thread started or joined for each
+        rec.start()
+        rec.stop()
+    assert len(_samplers()) == before + 1 and seen == []
+    # A cell that sits still is looked at once SAMPLE seconds have passed, not before.
+    began = time.monotonic()
+    rec.start()
+    assert _wait_for(lambda: seen, 5.0)
+    assert time.monotonic() - began >= divergence.SAMPLE
+    assert seen[0]["kind"] == "where" and seen[0]["idle"] is True, seen
+    rec.stop()
+    # Once the cell ended nothing more is published, through two of the sampler's looks.
+    count = len(seen)
+    assert not _wait_for(lambda: len(seen) > count, 2.5 * divergence.SAMPLE)
+    assert len(_samplers()) == before + 1
