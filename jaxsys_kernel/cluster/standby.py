@@ -218,6 +218,8 @@ class Standby:
                 return launched
             self.spares[rank] = spare
             launched += 1
+        if launched:
+            await world.launcher.standby_launched()
         return launched
 
     def _new_spare(self, world, rank: int) -> Spare:

@@ -195,3 +195,42 @@ def test_a_pods_runner_waits_for_the_names_of_a_new_sets_keys(tmp_path):
     # the pod would wait 30 s, then end, with no engine for the kernel.
     assert pod.next_engine(tmp_path, "kept-1", 45.0, clock, sleep) == "g2"
     assert len(looks) == 3
+
+
+def _entries(*ranks: int) -> dict:
+    return {
+        r: (f"standby-p{r}-e{1000 + r}", {f"standby-{r}.json": b"{}", "standby-engine.json": b"{}"})
+        for r in ranks
+    }
+
+
+def test_standby_entries_go_into_the_secret_in_one_write_and_stay_until_taken(cluster_api):  # noqa: F811
+    worlds = _worlds()
+    worlds.name = "w-1"
+    cluster_api.secret["metadata"]["labels"].pop(KEPT_LABEL)
+    cluster_api.secret["data"] = {pod.GENERATION: "YzEtYWJj"}  # c1-abc
+    worlds.standby = _entries(0, 1)
+    assert worlds.write_standby() is None
+    [written] = cluster_api.written
+    assert set(written["data"]) == {
+        pod.GENERATION,
+        "standby-0.json",
+        "standby-1.json",
+        "standby-engine.json",
+    }
+    # One annotation per pod, new each time, so that each kubelet projects the Secret again.
+    assert [n for n, _ in cluster_api.annotated] == ["w-1-0-a", "w-1-1-b"]
+    assert {v for _, v in cluster_api.annotated} == {cluster_api.annotated[0][1]}
+    assert cluster_api.annotated[0][1].startswith("c1-abc+standby-")
+    # A restart keeps the standby entries (the pods' standby engines take over)...
+    assert worlds.end_engines() is None
+    assert {"standby-0.json", "standby-1.json"} <= set(cluster_api.written[-1]["data"])
+    # ...but not those of engines that took over before: those now serve the world that ends.
+    worlds.drop_standby({"standby-p0-e1000"})
+    assert worlds.end_engines() is None
+    assert "standby-0.json" not in cluster_api.written[-1]["data"]
+    assert "standby-1.json" in cluster_api.written[-1]["data"]
+    # A kept world runs no engine: every standby entry goes.
+    worlds.keep()
+    assert set(cluster_api.written[-1]["data"]) == {pod.GENERATION, pod.WAIT_FILE}
+    assert worlds.standby == {}

@@ -350,6 +350,10 @@ class Launcher(LauncherKind):
         """
         raise NotImplementedError(f"the {self.name} launcher starts every rank in one job")
 
+    async def standby_launched(self) -> None:
+        """Called once the standby engines of a refill have all been launched (a launcher
+        that only notes each in :meth:`launch_rank` starts them here, together)."""
+
     def standby_gone(self, set_id: str, rank: int) -> bool:
         """Whether the standby engine of engine set ``set_id`` (kept for ``rank``) is known
         to have exited: its engine set is gone or has ended."""

@@ -210,14 +210,19 @@ class KubernetesLauncher(Launcher):
         w.wait_running(report, timeout)
 
     async def launch_rank(self, rank, set_id, ctx, *, engine_id=None) -> None:
-        """Keep a standby engine for ``rank`` in its pod: an entry in the world's Secret,
-        which the pod's runner starts (engine/pod_standby.py). Only standby engines: a
-        pod does not start one rank's engine of a world alone."""
+        """Note a standby engine for ``rank``: an entry for the world's Secret, which the
+        pod's runner starts (engine/pod_standby.py) once :meth:`standby_launched` has
+        written every entry of the refill at once. Only standby engines: a pod does not
+        start one rank's engine of a world alone."""
         if engine_id is None:
             await super().launch_rank(rank, set_id, ctx)
-        await asyncio.to_thread(self._keep_standby, rank, set_id, ctx, engine_id)
+        await asyncio.to_thread(self._note_standby, rank, set_id, ctx, engine_id)
 
-    def _keep_standby(self, rank: int, set_id: str, ctx, engine_id: int) -> None:
+    async def standby_launched(self) -> None:
+        # One write of the Secret and one annotation per pod for the whole refill.
+        await asyncio.to_thread(self._write_standby)
+
+    def _note_standby(self, rank: int, set_id: str, ctx, engine_id: int) -> None:
         w = self.worlds
         if w is None or w.name is None:
             raise ClusterError("no Kubernetes world runs to keep a standby engine in")
@@ -229,6 +234,11 @@ class KubernetesLauncher(Launcher):
         token = f"{cluster_id}-{set_id}"
         args = [f"--IPEngine.id={engine_id}"]
         w.standby[rank] = (set_id, standby_files(rank, token, env, args, files))
+
+    def _write_standby(self) -> None:
+        w = self.worlds
+        if w is None or w.name is None:
+            raise ClusterError("no Kubernetes world runs to keep a standby engine in")
         note = w.write_standby()
         if note:
             print(f"jaxsys: Kubernetes world {w.name}: {note}", file=sys.stderr)
