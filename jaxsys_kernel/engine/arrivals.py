@@ -355,8 +355,12 @@ def enable() -> str:
     import jax.monitoring  # Deferred: switched on by the user, after JAX has started.
 
     # Whether the newest live array comes first is checked, not assumed (see unfinished).
-    unfinished = functools.partial(step_calls.unfinished, newest_first=step_calls.newest_first())
-    rec = Recorder(background=True, unfinished=unfinished)
+    rec = Recorder(background=True)
+    # The arrays earlier steps hold are passed over (the set is the recorder's own, kept up
+    # to date as steps are handed over and end).
+    rec.unfinished = functools.partial(
+        step_calls.unfinished, newest_first=step_calls.newest_first(), held=rec._held
+    )
     STATE.arrivals = rec
     atexit.register(rec.close)  # before JAX's own exit: no thread left waiting inside it
     mon = sys.monitoring

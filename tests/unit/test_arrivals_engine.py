@@ -8,7 +8,7 @@ import pytest
 
 from jaxsys_kernel.cells.step_records import checked
 from jaxsys_kernel.cells.stragglers import Stragglers
-from jaxsys_kernel.engine import arrivals, step_ends
+from jaxsys_kernel.engine import arrivals, step_calls, step_ends
 from jaxsys_kernel.engine.state import STATE
 
 pytestmark = pytest.mark.unit
@@ -372,3 +372,19 @@ def test_whether_a_call_spans_processes_looks_at_a_bounded_part_of_its_argument(
     assert len(flattened) <= step_calls._LOOK_NODES
     state = {f"layer{i}": {"w": jax.numpy.ones(2), "b": None} for i in range(1000)}
     assert step_calls.spans_processes((state, [1, "x"])) is False
+
+
+def test_the_look_for_a_steps_arrays_stops_at_one_an_earlier_step_holds(monkeypatch):
+    import jax
+
+    class Running:
+        def is_ready(self):
+            return False
+
+    # Newest first: this step's two results, then two arrays of steps still in flight.
+    live = [Running(), Running(), Running(), Running()]
+    monkeypatch.setattr(jax, "live_arrays", lambda: live)
+    held = {id(live[2]), id(live[3])}
+    assert step_calls.unfinished(newest_first=True, held=held) == live[:2]
+    assert step_calls.unfinished(newest_first=False, held=held) == live[:2]
+    assert step_calls.unfinished(newest_first=True) == live
