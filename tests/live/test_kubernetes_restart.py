@@ -69,6 +69,21 @@ def _pod_uids(k8s) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in k8s.api.list("Pod", "default")}
 
 
+def _next_world_in_the_same_pods(k, k8s, world: str, pods: dict, before: list) -> list:
+    """After a restart: the same pods and Job run new engines, forked by each pod's fork
+    server (nothing imported again), in the next incarnation of a working JAX world; returns
+    each process's fields."""
+    assert _pod_uids(k8s) == pods
+    assert [j["metadata"]["name"] for j in k8s.api.list("Job", "default")] == [world]
+    after = _world(k.ok(WORLD_CELL).stdout)
+    incarnation = str(int(before[0][2]) + 1)
+    assert [(f[0], f[1], f[2], f[4], f[5]) for f in after] == [
+        (str(i), "2", incarnation, "3.0", "forked") for i in range(2)
+    ]
+    assert {f[3] for f in before}.isdisjoint(f[3] for f in after)
+    return after
+
+
 def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
     conf = k8s.api.kubeconfig(k8s.dir / "kubeconfig")
     k = Kernel(tag, extra_env={"KUBECONFIG": str(conf)})
@@ -90,15 +105,7 @@ def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
         out = k.ok("%jaxsys restart", timeout=60)
         took = time.monotonic() - t1
         assert f"Kubernetes world {world}: a new world in its 2 living pods" in out.progress
-        # The same pods and Job; new engines, in the next incarnation of the JAX world.
-        assert _pod_uids(k8s) == pods
-        assert [j["metadata"]["name"] for j in k8s.api.list("Job", "default")] == [world]
-        second = _world(k.ok(WORLD_CELL).stdout)
-        # The next engines come from each pod's fork server: nothing to import again.
-        assert [(f[0], f[1], f[2], f[4], f[5]) for f in second] == [
-            (str(i), "2", "2", "3.0", "forked") for i in range(2)
-        ]
-        assert {f[3] for f in first}.isdisjoint(f[3] for f in second)
+        _next_world_in_the_same_pods(k, k8s, world, pods, first)
         # What the old engines' cells started ended with them.
         assert _running(mark) == []
         k.ok("%jaxsys stop")
@@ -124,13 +131,7 @@ def test_a_restart_takes_over_the_standby_engine_booted_in_each_pod(k8s, tag):
         # Every process came from its pod's standby: no generation started an engine.
         assert "(2 from the standby)" in out.stdout, out.stdout
         assert "living pods" not in out.progress, out.progress
-        assert _pod_uids(k8s) == pods
-        assert [j["metadata"]["name"] for j in k8s.api.list("Job", "default")] == [world]
-        second = _world(k.ok(WORLD_CELL).stdout)
-        assert [(f[0], f[1], f[2], f[4], f[5]) for f in second] == [
-            (str(i), "2", "2", "3.0", "forked") for i in range(2)
-        ]
-        assert {f[3] for f in first}.isdisjoint(f[3] for f in second)
+        second = _next_world_in_the_same_pods(k, k8s, world, pods, first)
         assert _running(mark1) == []
         # The pods boot the next standby; the engines that took over serve until the next
         # restart, which ends them (and what their cells started) in turn.
@@ -139,9 +140,7 @@ def test_a_restart_takes_over_the_standby_engine_booted_in_each_pod(k8s, tag):
         _standby_ready(k, 2)
         out = k.ok("%jaxsys restart", timeout=60)
         assert "(2 from the standby)" in out.stdout, out.stdout
-        third = _world(k.ok(WORLD_CELL).stdout)
-        assert [(f[0], f[2], f[4]) for f in third] == [(str(i), "3", "3.0") for i in range(2)]
-        assert {f[3] for f in second}.isdisjoint(f[3] for f in third)
+        _next_world_in_the_same_pods(k, k8s, world, pods, second)
         assert _running(mark2) == []
         k.ok("%jaxsys stop")
         _nothing_left(k8s, tag, k.pid, DRAIN_S)
