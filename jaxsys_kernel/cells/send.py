@@ -169,10 +169,11 @@ class Driver:
             m.interrupted(self.interrupt(ranks))
         else:
             until = step.until
-            if self.watch is not None and self.watch.deadline() is not None:
-                until = (
-                    self.watch.deadline() if until is None else min(until, self.watch.deadline())
-                )
+            # Asked once: the answer depends on the clock, and a deadline passed between two
+            # asks would turn into None.
+            deadline = self.watch.deadline() if self.watch is not None else None
+            if deadline is not None:
+                until = deadline if until is None else min(until, deadline)
             # At least a millisecond: a timer that did not move must not spin the loop.
             limit = POLL if self.probe is None else PROBE_S
             wait = limit if until is None else min(limit, max(0.001, until - m.clock()))

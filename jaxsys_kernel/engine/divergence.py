@@ -234,21 +234,24 @@ class Recorder:
         return {"kind": "where", "line": line, "in_jax": in_jax, "idle": cpu_share < IDLE_SHARE}
 
     def _sample(self) -> None:
-        cell, last = None, None
+        cell, last, looked = None, None, 0.0
         while True:
             if not self._running.is_set():
                 cell, last = None, None
                 self._running.wait()
-            time.sleep(SAMPLE)
             with self._lock:
-                if not self._running.is_set():
-                    continue
+                # A cell is first looked at SAMPLE seconds in, then every SAMPLE seconds.
+                due = max(self._began, looked) + SAMPLE
+            time.sleep(max(0.0, due - time.monotonic()))
+            with self._lock:
+                t = time.monotonic()
+                if not self._running.is_set() or t - self._began < SAMPLE:
+                    continue  # the cell ended, or another began while this look was due
                 if self._cell != cell:
                     cell, last = self._cell, None
+                looked = t
                 clock, used, t0 = self._since
-                now, t = clock(), time.monotonic()
-                if t - self._began < SAMPLE:
-                    continue  # a cell is first looked at SAMPLE seconds in, as it always was
+                now = clock()
                 self._since = (clock, now, t)
                 busy = now - used if now is not None and used is not None else None
                 share = busy / (t - t0) if busy is not None and t > t0 else 1.0

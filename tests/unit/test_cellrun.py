@@ -792,6 +792,30 @@ def test_without_a_probe_only_the_hub_says_a_process_died():
     assert run.by_status("dead") == [] and run.hang == "timeout"
 
 
+def test_a_divergence_deadline_that_passes_while_the_driver_looks_is_no_error():
+    # The watch's next deadline depends on the clock: asked twice, it can be a time and then
+    # None, once that time has passed in between. (With a timeout the machine has a time
+    # of its own to wait for, which the watch's deadline is compared with.)
+    m, _, clock = machine(timeout=30.0)
+    events = ScriptedQueue(
+        clock, [(r, kind, p) for r in (0, 1) for kind, p in (("reply", replied()), ("idle", None))]
+    )
+
+    class Watch:
+        answers = iter([clock.t + 0.5])
+
+        def deadline(self):
+            return next(self.answers, None)
+
+        def tick(self, running, failed):
+            pass
+
+        def intercept(self, rank, kind, payload):
+            return False  # no divergence records in this cell
+
+    assert Driver(m, events, lambda r: r, watch=Watch()).run().by_status("ok") == [0, 1]
+
+
 # -- the same-program guard ----------------------------------------------------------------------
 
 
