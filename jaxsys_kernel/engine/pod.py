@@ -143,6 +143,7 @@ def next_engine(
     none comes within the wait. A generation without one (a keep) starts the wait anew,
     and so does every look while a standby engine (``slot``) runs."""
     deadline = clock() + wait_s(creds, default_wait)
+    busy = False
     while True:
         gen = generation(creds)
         if gen is not None and gen != seen and not links_made(creds):
@@ -161,10 +162,12 @@ def next_engine(
                 _say(f"kept ({gen}): waiting {wait:g} s for the next kernel")
         if slot is not None:
             slot.poll(current(creds), gen)
-            if slot.busy():
-                # A standby engine taken over serves the world: the pod is in use.
+            was_busy, busy = busy, slot.busy()
+            if was_busy and not busy:
+                # A standby engine that took over served the world until now: the wait for
+                # the next kernel starts when it ended.
                 deadline = max(deadline, clock() + wait_s(creds, default_wait))
-        if clock() >= deadline:
+        if clock() >= deadline and not busy:
             return None
         reap()
         sleep(POLL_S)

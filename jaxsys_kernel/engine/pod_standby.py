@@ -42,18 +42,26 @@ def entry_name(rank: int) -> str:
 
 
 def read_entry(folder: Path, rank: int) -> dict | None:
-    """The standby entry for ``rank`` in the Secret's current set ``folder``, with the
-    engine file and config it starts with (``engine_file``, ``config``), or None when there
-    is none (or it cannot be read as one)."""
+    """The standby entry for ``rank`` in the Secret's current set ``folder``, or None when
+    there is none (or it cannot be read as one)."""
     try:
         entry = json.loads((folder / entry_name(rank)).read_text())
-        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
-            return None
-        entry["engine_file"] = (folder / ENGINE_COPY).read_text()
-        entry["config"] = (folder / CONFIG_COPY).read_text()
     except (OSError, ValueError):
         return None
-    return entry
+    ok = isinstance(entry, dict) and isinstance(entry.get("token"), str)
+    return entry if ok else None
+
+
+def with_copies(folder: Path, entry: dict) -> dict | None:
+    """``entry`` with the engine file and config it starts with (``engine_file``,
+    ``config``), read from ``folder``; None while they are not there. Read only to start an
+    engine, not at every look."""
+    try:
+        files = {"engine_file": (folder / ENGINE_COPY).read_text()}
+        files["config"] = (folder / CONFIG_COPY).read_text()
+    except OSError:
+        return None
+    return {**entry, **files}
 
 
 @dataclass
@@ -101,6 +109,9 @@ class StandbySlot:
                 self._say(f"standby engine {t} ends: its world or its kernel is gone")
                 self._end(t)
         if token is not None and token not in self._started:
+            entry = with_copies(folder, entry)
+            if entry is None:
+                return  # the next look finds them
             self._started.add(token)
             try:
                 proc, stop = self._start(entry)
@@ -130,4 +141,5 @@ __all__ = [
     "StandbySlot",
     "entry_name",
     "read_entry",
+    "with_copies",
 ]

@@ -14,6 +14,7 @@ from jaxsys_kernel.engine.pod_standby import (
     StandbySlot,
     entry_name,
     read_entry,
+    with_copies,
 )
 
 pytestmark = pytest.mark.unit
@@ -91,14 +92,24 @@ def test_a_standby_that_ended_on_its_own_is_not_started_again(tmp_path):
     assert "standby engine t1 ended with exit code 0" in p.said
 
 
-def test_an_entry_is_read_with_the_files_it_starts_with_or_is_none(tmp_path):
+def test_an_entry_is_read_and_started_with_the_files_it_starts_with_or_not_at_all(tmp_path):
     (tmp_path / entry_name(3)).write_text(json.dumps({"token": "t", "env": {}, "args": []}))
-    assert read_entry(tmp_path, 3) is None  # the engine file and config are not there yet
+    entry = read_entry(tmp_path, 3)
+    assert entry == {"token": "t", "env": {}, "args": []}
+    assert with_copies(tmp_path, entry) is None  # the engine file and config are not there yet
+    # A slot does not start an entry without them, and starts it once they come.
+    started = []
+    slot = StandbySlot(3, lambda e: started.append(e) or (_Proc(), lambda: None), print)
+    slot.poll(tmp_path, "g1")
+    assert started == []
     _copies(tmp_path)
-    assert read_entry(tmp_path, 3) == {
-        **{"token": "t", "env": {}, "args": []},
-        **{"engine_file": "{}", "config": "c = get_config()\n"},
-    }
+    slot.poll(tmp_path, "g1")
+    assert started == [
+        {
+            **{"token": "t", "env": {}, "args": []},
+            **{"engine_file": "{}", "config": "c = get_config()\n"},
+        }
+    ]
     (tmp_path / entry_name(3)).write_text("{not json")
     assert read_entry(tmp_path, 3) is None
     (tmp_path / entry_name(3)).write_text('{"no": "token"}')

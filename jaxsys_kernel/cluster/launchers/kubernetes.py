@@ -17,7 +17,13 @@ from ...errors import ClusterError, ConfigError
 from ..options import Flag
 from . import kubernetes_api
 from .base import Launcher, listen_addresses
-from .kubernetes_generation import generation_files, in_cluster_address, pod_env, standby_files
+from .kubernetes_generation import (
+    generation_files,
+    in_cluster_address,
+    pod_env,
+    standby_entry,
+    standby_shared,
+)
 from .kubernetes_kept import KeptWorld, forget_saved_world
 from .kubernetes_kept import job_allocation as world_allocation
 from .kubernetes_manifests import (  # noqa: F401 - the launcher's public names
@@ -227,13 +233,14 @@ class KubernetesLauncher(Launcher):
         if w is None or w.name is None:
             raise ClusterError("no Kubernetes world runs to keep a standby engine in")
         cluster_id = self.ipp.cluster_id
-        files = generation_files(
-            cluster_id, {}, ctx.pki, ctx.profile, float(self.config.register_timeout)
-        )
+        if not w.standby_files:  # the same for every pod and refill of this world
+            timeout = float(self.config.register_timeout)
+            files = generation_files(cluster_id, {}, ctx.pki, ctx.profile, timeout)
+            w.standby_files = standby_shared(files)
         env = pod_env(self.engine_env(rank, ctx), ctx.pki, ctx.profile)
         token = f"{cluster_id}-{set_id}"
         args = [f"--IPEngine.id={engine_id}"]
-        w.standby[rank] = (set_id, standby_files(rank, token, env, args, files))
+        w.standby[rank] = (set_id, standby_entry(rank, token, env, args))
 
     def _write_standby(self) -> None:
         w = self.worlds

@@ -4,7 +4,8 @@ A generation is what one kernel's engines need in the pods (:mod:`jaxsys_kernel.
 runs them): the controller's engine connection file, the engines' ipyparallel config and
 environment, every process's certificate and key, and how long pods wait once their engines
 end. A standby engine kept in each living pod is an entry of its own beside the generation
-(:func:`standby_files`).
+(:func:`standby_entry`), with what every standby engine starts with
+(:func:`standby_shared`).
 """
 
 from __future__ import annotations
@@ -84,20 +85,24 @@ def wait_file() -> dict[str, bytes]:
     return {WAIT_FILE: f"{ttl_s():g}".encode()}
 
 
-def standby_files(
-    rank: int, token: str, env: Mapping[str, str], args: Sequence[str], files: Mapping[str, bytes]
+def standby_entry(
+    rank: int, token: str, env: Mapping[str, str], args: Sequence[str]
 ) -> dict[str, bytes]:
-    """The Secret's files for the standby engine ``token`` of the pod of process ``rank``:
-    its entry (environment and arguments), copies of the engine file and config it starts
-    with (so that it can start under a generation without an engine), and the certificates
-    its environment names. ``files`` is a generation (:func:`generation_files`)."""
+    """The Secret's entry for the standby engine ``token`` of the pod of process ``rank``:
+    its environment and arguments."""
     entry = {"token": token, "env": dict(env), "args": list(args)}
+    return {entry_name(rank): json.dumps(entry, sort_keys=True).encode()}
+
+
+def standby_shared(files: Mapping[str, bytes]) -> dict[str, bytes]:
+    """What every pod's standby engine starts with, from a generation ``files``
+    (:func:`generation_files`): copies of the engine file and config (so that it can start
+    under a generation without an engine), and the certificates its environment names."""
     own = (GENERATION, WAIT_FILE, ENV_FILE, ENGINE_FILE, ENGINE_CONFIG)
     return {
         **{k: v for k, v in files.items() if k not in own},
         ENGINE_COPY: files[ENGINE_FILE],
         CONFIG_COPY: files[ENGINE_CONFIG],
-        entry_name(rank): json.dumps(entry, sort_keys=True).encode(),
     }
 
 

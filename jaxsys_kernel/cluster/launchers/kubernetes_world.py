@@ -98,8 +98,10 @@ class PodWorlds:
         # Why the pods saw the last generation only late (end_engines), or None.
         self.nudge_note: str | None = None
         # The standby engine kept in each living pod, by rank: its engine set's id and its
-        # files in the Secret (kubernetes_generation.standby_files).
+        # entry in the Secret (kubernetes_generation.standby_entry); and what they all
+        # start with (standby_shared), made once per world.
         self.standby: dict[int, tuple[str, dict[str, bytes]]] = {}
+        self.standby_files: dict[str, bytes] = {}
 
     @property
     def client(self):
@@ -288,10 +290,10 @@ class PodWorlds:
         labels.pop(KEPT_LABEL, None)
         if kept:
             labels[KEPT_LABEL] = "true"
-            self.standby.clear()  # the pods end them: a kept world runs no engine
-        else:
-            standby = {k: v for _, entry in self.standby.values() for k, v in entry.items()}
-            files = {**standby, **files}
+            self._forget_standby()  # the pods end them: a kept world runs no engine
+        elif self.standby:
+            entries = {k: v for _, entry in self.standby.values() for k, v in entry.items()}
+            files = {**self.standby_files, **entries, **files}
         secret["metadata"]["labels"] = labels
         secret["data"] = {k: base64.b64encode(v).decode() for k, v in sorted(files.items())}
         return api.replace_secret(self.client, secret)
@@ -320,6 +322,10 @@ class PodWorlds:
             f"the Secret of the Kubernetes world {self.name} was deleted or changed while "
             "its standby engines were written; %jaxsys restart makes them again"
         )
+
+    def _forget_standby(self) -> None:
+        self.standby.clear()
+        self.standby_files = {}
 
     def drop_standby(self, set_ids: set[str]) -> None:
         """Forget the standby entries of these engine sets (they serve the world now)."""
@@ -393,7 +399,7 @@ class PodWorlds:
         """Delete the running world and wait (bounded) until its pods are gone; whether
         they are (True too when there was no world)."""
         manifests, name, self.manifests, self.name = self.manifests, self.name, None, None
-        self.standby.clear()  # they go with the pods
+        self._forget_standby()  # they go with the pods
         if not manifests:
             return True
         api.delete(self.client, manifests)
