@@ -70,6 +70,8 @@ DEFAULT_WINDOW = 1.0
 # How far past a group's line its members' queues are searched for evidence that another
 # process skipped it; bounded so that a process with a long backlog costs little per check.
 LOOKAHEAD = 16
+# What a line may keep of a native message and still be only that message.
+_NUMBERS_ONLY = re.compile(r"[\d\s]*")
 
 Key = tuple[str, int]
 
@@ -114,7 +116,7 @@ class LineCollator:
         Monotonic clock, replaceable in tests.
     drop : re.Pattern, optional
         Known noise from native libraries: what it matches is cut out of every line, and a
-        line with nothing else (or an empty line right after one) is discarded.
+        line with nothing else but digits (or an empty line right after one) is discarded.
     rename : callable, optional
         Applied to each complete line before it is matched, so that text naming something
         each process has its own copy of (its cell's temporary file) can collate.
@@ -159,7 +161,9 @@ class LineCollator:
         kept = []
         for ln in lines:
             rest = self.drop.sub("", ln)
-            if rest != ln and not rest.strip():
+            # Digits left beside noise are its own numbers, pushed apart from their words by
+            # another thread's pieces ("[Gloo] Rank 2[Gloo] Rank 3 is connected ...").
+            if rest != ln and _NUMBERS_ONLY.fullmatch(rest):
                 self._after_noise[proc] = True
                 continue
             if self._after_noise[proc] and not ln.strip():

@@ -123,3 +123,17 @@ def test_gloo_chatter_broken_before_expected_is_left_out_but_words_like_it_stay(
     assert collate_outputs(prog, outputs).log == (
         "--- cell 1 ---\n[p0-1] sum: 48.0\n[p1] we have 7 peer ranks. \n"
     )
+
+
+def test_gloo_notices_written_into_each_other_leave_no_number_behind():
+    # Process 1's two devices (gloo ranks 2 and 3) wrote their notices into each other, as
+    # they did under Slurm; the rank glued before the second notice is gloo's, not output.
+    prog = Program(cells=[Cell(1, "")], hosts=2)
+    tail = "peer ranks. Expected number of connected peer ranks is : 7"
+    outputs = {
+        0: f"{CELL_MARK}1\nsum: 48.0\n2\n",
+        1: f"{CELL_MARK}1\n[Gloo] Rank 2[Gloo] Rank 3 is connected to 7 {tail}\n"
+        f" is connected to 7 {tail}\nsum: 48.0\n2\n",
+    }
+    # The cell's own "2", printed by both processes after the notices, is kept.
+    assert collate_outputs(prog, outputs).log == "--- cell 1 ---\n[p0-1] sum: 48.0\n[p0-1] 2\n"
