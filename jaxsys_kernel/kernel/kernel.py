@@ -9,6 +9,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from .. import _compat, contract
 from .._version import __version__
+from ..cluster.launchers import kubernetes_api
 from ..magics import register_magics
 from .comm import ClusterComms
 from .page import watch_page
@@ -60,6 +61,7 @@ class JaxSysKernel(IPythonKernel):
         self.jaxsys_comms.register(self)
         # Under Voilà, the page's cluster ends soon after the page does (page.py says why).
         self.page_watch = watch_page(self)
+        kubernetes_api.warm_up()
 
     def control_subshell(self) -> str | None:
         """The id of a subshell that serves widget controls while a cell blocks the shell.

@@ -38,14 +38,27 @@ def _notebook(path: Path, cells) -> Path:
 
 
 def _job(*args: str, env=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return _ended(_begin(*args, env=env))
+
+
+def _begin(*args: str, env=None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, "-m", "jaxsys_kernel.cli", "job", *args, "--submit"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
         cwd=REPO,
         env=env,
     )
+
+
+def _ended(p: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 @pytest.fixture
@@ -56,11 +69,15 @@ def k8s():
 
 def test_a_job_on_pods_collates_as_it_does_locally(k8s, tmp_path):
     nb = _notebook(tmp_path / "sum.ipynb", CELLS)
-    local = _job(str(nb), "--out", str(tmp_path / "local"))
-    assert local.returncode == 0, local.stderr + local.stdout
     env = {**os.environ, "KUBECONFIG": str(k8s.api.kubeconfig(tmp_path / "kubeconfig"))}
     out = tmp_path / "k8s"
-    r = _job(str(nb), "--launcher", "kubernetes", "--image", "img", "--out", str(out), env=env)
+    # The two jobs run side by side: each waits more than it computes.
+    on_pods = _begin(
+        str(nb), "--launcher", "kubernetes", "--image", "img", "--out", str(out), env=env
+    )
+    local = _job(str(nb), "--out", str(tmp_path / "local"))
+    r = _ended(on_pods)
+    assert local.returncode == 0, local.stderr + local.stdout
     assert r.returncode == 0, r.stderr + r.stdout
     want = (tmp_path / "local" / "job.log").read_text()
     assert "[p0] process 0 of 2 sum 3.0\n" in want

@@ -108,3 +108,18 @@ def test_the_kernels_pod_is_found_from_the_downward_api_or_its_hostname(monkeypa
     ns_file.write_text("jhub\n")
     monkeypatch.setattr(kubernetes_api, "SERVICE_ACCOUNT_NAMESPACE", str(ns_file))
     assert kubernetes_api.own_pod_name() == ("hub-user-1", "jhub")
+
+
+def test_the_client_is_imported_ahead_only_where_a_cluster_is_configured():
+    import sys
+
+    # Nothing names a cluster: no thread, nothing imported (a local user pays nothing).
+    assert kubernetes_api.warm_up({}) is None
+    assert kubernetes_api.warm_up({"KUBECONFIG": ""}) is None
+    # A kubeconfig, or a pod's service: the API classes a start needs are loaded.
+    for env in ({"KUBECONFIG": "/nonexistent"}, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}):
+        thread = kubernetes_api.warm_up(env)
+        assert thread is not None
+        thread.join(60)
+        assert not thread.is_alive()
+    assert "kubernetes.client.api.batch_v1_api" in sys.modules

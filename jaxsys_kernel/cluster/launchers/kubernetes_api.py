@@ -7,8 +7,12 @@ Kubernetes.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,8 +25,40 @@ from .kubernetes_manifests import JOB_INDEX_LABEL, WORLD_LABEL
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 #: Where a pod's service account names the pod's namespace.
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# What a world's first start imports of the kubernetes package (warm_up).
+_WARM_MODULES = (
+    "kubernetes.config",
+    "kubernetes.utils",
+    "kubernetes.client.api.core_v1_api",
+    "kubernetes.client.api.batch_v1_api",
+    "kubernetes.client.api.custom_objects_api",
+)
 # Seconds between looks at a world's pods while it is deleted.
 _GONE_POLL_S = 0.1
+
+
+def warm_up(environ: Mapping[str, str] = os.environ) -> threading.Thread | None:
+    """Import the ``kubernetes`` package in the background where a cluster is configured.
+
+    Importing it takes over a second of CPU (its API models); a kernel started where
+    ``KUBECONFIG`` is set, or inside a pod, is likely to start a world on Kubernetes, and
+    pays that while it waits for its first cell rather than inside ``%jaxsys start``.
+    Returns the thread, or None where nothing names a cluster or the package is absent.
+    """
+    if not (environ.get("KUBECONFIG") or environ.get("KUBERNETES_SERVICE_HOST")):
+        return None
+    if importlib.util.find_spec("kubernetes") is None:
+        return None
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            # The package loads its API classes (and their models) only when first named.
+            for name in _WARM_MODULES:
+                importlib.import_module(name)
+
+    thread = threading.Thread(target=load, name="jaxsys-kubernetes-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def api_client(kubeconfig: str | None = None):
