@@ -194,6 +194,17 @@ def nanny_pid() -> int | None:
     return None
 
 
+def start_nanny_through(stub) -> None:
+    """Have this engine start its nanny through ``stub`` (engine/nanny_stub.py), with
+    ipyparallel's own start as the fallback; nothing when ``stub`` is None."""
+    if stub is None:
+        return
+    from ipyparallel.engine import app  # Deferred: as in nanny_pid.
+
+    # IPEngine.start_nanny calls the module's name, bound when ipyparallel 9 imported it.
+    app.start_nanny = partial(stub.start, app.start_nanny)
+
+
 def engine_heartbeat_monitor_port() -> int | None:
     """The port of this engine's heartbeat monitor (a SUB socket on loopback), or None."""
     try:

@@ -56,6 +56,7 @@ import traceback
 import types
 
 from .. import _compat, contract
+from . import nanny_stub
 from .forkrequests import (
     REQUEST_TIMEOUT_S,
     BadRequest,
@@ -157,6 +158,9 @@ def _become_engine(
         sys.path[0] = cwd
         _apply_jax_settings(env, imported)
         _reseed()
+        if nanny_stub.wanted(request["argv"]):
+            # Forked while this process has one thread, before the lifeline's.
+            _compat.start_nanny_through(nanny_stub.fork())
         _watch_lifeline(lifeline)
         sys.argv = ["ipengine", *request["argv"]]
         code = _run_engine()

@@ -30,6 +30,13 @@ WHERE_CELL = (
     "%%multihost\nimport socket, jax\n"
     "print(jax.process_index(), 'on', socket.gethostname(), jax.device_count())"
 )
+NANNY_CELL = (
+    "%%multihost\nimport os\nfrom jaxsys_kernel import _compat\n"
+    "nanny = _compat.nanny_pid()\n"
+    "parent = open(f'/proc/{nanny}/stat').read().rsplit(')', 1)[1].split()[1]\n"
+    "fresh = b'ipyparallel.engine.nanny' in open(f'/proc/{nanny}/cmdline', 'rb').read()\n"
+    "print('nanny forked:', parent == str(os.getpid()) and not fresh)"
+)
 KINDS = ("Pod", "Job", "Secret", "Service")
 # Seconds from a stop (or from the TTL's end) to nothing left.
 DRAIN_S = 20.0
@@ -105,6 +112,9 @@ def test_a_kubernetes_cluster_from_the_kernel(k8s, tag):
         # Process i is pod i (the Job's completion index), with the devices asked for.
         out = k.ok(WHERE_CELL)
         assert out.stdout == "".join(f"[p{i}] {i} on {job}-{i} 8\n" for i in range(4))
+        # Each engine's nanny (which relays signals to it) was forked from the engine,
+        # not started as a new interpreter.
+        assert k.ok(NANNY_CELL).stdout == "[p0-3] nanny forked: True\n"
         status = k.ok("%jaxsys status").stdout
         assert re.search(r"^security: .*mTLS", status, re.M), status
         assert_one_certificate_per_process(k.ok("%%multihost" + CERT_CELL).stdout, 4)
@@ -118,6 +128,8 @@ def test_a_kubernetes_cluster_from_the_kernel(k8s, tag):
         out = k.execute("%%multihost --timeout 1.5\nimport time\ntime.sleep(30)", timeout=60)
         assert out.status == "error" and out.error["ename"] == "MultihostTimeout", out.error
         assert ">> " in out.stderr and "time.sleep(30)" in out.stderr, out.stderr
+        # The timeout's interrupt reached the engines through their nannies.
+        assert k.ok("%%multihost\nprint('back')", timeout=20).stdout == "[p0-3] back\n"
         k.ok("%jaxsys stop")
         assert _nothing_left(k8s, tag, k.pid, DRAIN_S) < DRAIN_S
     finally:
