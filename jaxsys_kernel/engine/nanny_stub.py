@@ -43,19 +43,16 @@ class Stub:
     def start(self, fallback: Callable, **kwargs):
         """ipyparallel's ``start_nanny``: the nanny's address and a handle whose ``pid``
         is the nanny's. The handle keeps the pipe the nanny watches open."""
-        kwargs["pid"] = os.getpid()
-        reader: BinaryIO | None = None
+        reader = os.fdopen(self.from_stub, "rb")
         try:
             with os.fdopen(self.to_stub, "wb") as w:
-                w.write(pickle.dumps(kwargs))
-            reader = os.fdopen(self.from_stub, "rb")
+                w.write(pickle.dumps({**kwargs, "pid": os.getpid()}))
             url = reader.readline().decode().strip()
         except OSError:
             url = ""
         if not url:
-            if reader is not None:
-                reader.close()
-            return fallback(**{k: v for k, v in kwargs.items() if k != "pid"})
+            reader.close()
+            return fallback(**kwargs)
         return url, _Handle(self.pid, reader)
 
 
@@ -67,12 +64,12 @@ class _Handle:
     stdout: BinaryIO
 
 
-def fork(keep: Sequence[int] = ()) -> Stub | None:
+def fork() -> Stub | None:
     """Fork a stub that becomes this engine's nanny once given its arguments.
 
-    Called while the engine is single-threaded. ``keep`` are descriptors the stub leaves
-    open besides its pipes and standard error; every other one it closes. None when the
-    fork fails (ipyparallel then starts its nanny itself).
+    Called while the engine is single-threaded. The stub keeps its two pipes and standard
+    error open and closes every other descriptor. None when the fork fails (ipyparallel
+    then starts its nanny itself).
     """
     r_args, w_args = os.pipe()
     r_url, w_url = os.pipe()
@@ -83,7 +80,7 @@ def fork(keep: Sequence[int] = ()) -> Stub | None:
             os.close(fd)
         return None
     if pid == 0:
-        _become_nanny(r_args, w_url, {r_args, w_url, 2, *keep})
+        _become_nanny(r_args, w_url, {r_args, w_url, 2})
     os.close(r_args)
     os.close(w_url)
     return Stub(pid, w_args, r_url)

@@ -51,6 +51,8 @@ def test_a_stub_that_answers_nothing_leaves_the_start_to_ipyparallel():
     calls = []
     got = stub.start(lambda **kw: calls.append(kw) or ("tcp://own:1", "popen"), engine_id=1)
     assert got == ("tcp://own:1", "popen")
+    with pytest.raises(OSError):
+        os.fstat(stub.from_stub)  # the stub's silent pipe is not left open
     # ipyparallel's start is given the arguments as the engine gave them (it adds the pid).
     assert calls == [{"engine_id": 1}]
     os.close(r_args)
