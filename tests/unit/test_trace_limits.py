@@ -64,16 +64,30 @@ def test_a_bomb_of_many_small_gzip_members_is_refused_too():
     assert trace_limits.inflate(gzip.compress(b"ab") + gzip.compress(b"cd"), 0) == b"abcd"
 
 
+def _gz(data: bytes) -> bytes:
+    # A fixed mtime: a test id made from the bytes must be the same in every xdist worker.
+    return gzip.compress(data, mtime=0)
+
+
 @pytest.mark.parametrize(
     ("data", "said"),
     [
-        (gzip.compress(b"{not json"), "process 1's trace is not JSON"),
-        (gzip.compress(b"\xff\xfe\x00"), "process 1's trace is not JSON"),
+        (_gz(b"{not json"), "process 1's trace is not JSON"),
+        (_gz(b"\xff\xfe\x00"), "process 1's trace is not JSON"),
         (b"plain text, not gzip", "process 1's trace is not JSON"),
-        (gzip.compress(b"[" * 200_000 + b"]" * 200_000), "process 1's trace is not JSON"),
-        (gzip.compress(b'{"traceEvents": 7}'), "has no list of events"),
-        (gzip.compress(b"[]")[:-12], "truncated gzip stream"),
+        (_gz(b"[" * 200_000 + b"]" * 200_000), "process 1's trace is not JSON"),
+        (_gz(b'{"traceEvents": 7}'), "has no list of events"),
+        (_gz(b"[]")[:-12], "truncated gzip stream"),
         (b"\x1f\x8b" + b"\x00" * 30, "not a readable gzip file"),
+    ],
+    ids=[
+        "broken-json",
+        "not-utf8",
+        "not-gzip",
+        "too-deep",
+        "no-event-list",
+        "truncated",
+        "bad-header",
     ],
 )
 def test_a_trace_that_is_not_a_perfetto_json_file_is_refused_in_words(data, said):
