@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Sequence
+from datetime import datetime
 from functools import partial
 
 from .errors import JaxsysError
@@ -100,6 +101,35 @@ def send_execute(client, view, engine_ids: Sequence[int], code: str, hook) -> No
             ident=ident,
             message_future_hook=lambda fut, i=i: hook(i, fut),
         )
+
+
+def fast_reply_dates() -> None:
+    """Make ipyparallel's client read the ``started`` stamp of each reply with
+    :meth:`datetime.fromisoformat` instead of ``dateutil`` (0.34 ms of the kernel's CPU per
+    process per cell, measured at 8 processes; 11 ms per cell at 32).
+
+    The engines write the stamp in ISO 8601 with a time zone, which ``fromisoformat`` reads
+    exactly as ``dateutil`` does; anything else still goes to ipyparallel's own parser.
+    """
+    # Deferred: as in check_versions.
+    from ipyparallel import util
+
+    if getattr(util._parse_date, "_jaxsys_fast", False):
+        return
+    slow = util._parse_date
+
+    def parse_date(s):
+        if isinstance(s, str) and len(s) > 19 and s[10] == "T" and s[-1] in "Z0123456789":
+            try:
+                dt = datetime.fromisoformat(s)
+            except ValueError:
+                return slow(s)
+            if dt.tzinfo is not None:
+                return dt
+        return slow(s)
+
+    parse_date._jaxsys_fast = True
+    util._parse_date = parse_date
 
 
 def broadcast_execute(client, engine_ids: Sequence[int], code: str, hook) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from .. import _compat
 from ..errors import ClusterError, ConfigError
 
 #: The largest message part (bytes) the kernel takes from an engine, by default: 1 GiB, far
@@ -144,6 +145,7 @@ async def connect_client(ipp_cluster, controller_gone: Callable[[], bool]):
 
     Close it with :func:`close_client`, never with its own ``close``: see there."""
     bound = limit()
+    _compat.fast_reply_dates()
     client = await ipp_cluster.connect_client(context=bounded_context(bound))
     watch(client, bound, controller_gone)
     return client
