@@ -235,6 +235,33 @@ def start_nanny_through(stub) -> None:
     app.start_nanny = partial(stub.start, app.start_nanny)
 
 
+def quiet_engine_iopub(kernel) -> bool:
+    """Stop an engine's kernel publishing ``status: busy`` and ``execute_input`` for the
+    requests on its shell channel; True once it is so.
+
+    Nobody reads them: ipyparallel's client and jaxsys's cell path read a request's output,
+    its reply and its ``idle`` status (no output of the request follows that). Each is a
+    message the engine signs and sends, the controller relays and the kernel's client
+    unpacks: measured at 8 processes, 0.7 ms of CPU per process per trivial cell, of
+    about 5 ms. The control channel (interrupts, aborts) still says ``busy``.
+    """
+    if kernel is None or not hasattr(kernel, "_publish_status"):
+        return False
+    if getattr(kernel, "_jaxsys_quiet", False):
+        return True
+    publish = kernel._publish_status
+
+    def publish_status(status, channel, parent=None):
+        if status == "busy" and channel == "shell":
+            return
+        publish(status, channel, parent)
+
+    kernel._publish_status = publish_status
+    kernel._publish_execute_input = lambda code, parent, execution_count: None
+    kernel._jaxsys_quiet = True
+    return True
+
+
 def engine_heartbeat_monitor_port() -> int | None:
     """The port of this engine's heartbeat monitor (a SUB socket on loopback), or None."""
     try:

@@ -83,6 +83,10 @@ def describe_process() -> dict:
     output.install_from_env()
     # A script runs as under `python`: a clean sys.argv, and %run raises what it raised.
     programs.install_shell()
+    # Deferred: as above.
+    from IPython import get_ipython
+
+    _compat.quiet_engine_iopub(getattr(get_ipython(), "kernel", None))
     nanny_pid = _compat.nanny_pid()
     host = socket.gethostname()
     address = _host_address(host)
