@@ -223,8 +223,10 @@ class CellMachine:
             res.status = "ok"
             return
         ename = getattr(reply, "ename", type(reply).__name__)
-        if ename == "EngineError":
-            # The engine died while running the cell. The traceback is of the client's
+        if ename == "EngineError" and not getattr(reply, "engine_info", None):
+            # The engine died while running the cell: the client made this error itself,
+            # so it carries no engine's details (an error the cell raised, one of jaxsys's
+            # own EngineError included, always does). Its traceback is of the client's
             # own bookkeeping, not of the cell: nothing for the user in it.
             res.status = "dead"
             res.error = res.error or {"ename": ename, "evalue": reply.evalue, "traceback": []}

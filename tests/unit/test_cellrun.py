@@ -493,6 +493,24 @@ def test_a_killed_engine_error_is_not_printed_one_character_per_line():
     assert all(len(line) != 1 for line in lines)
 
 
+def test_an_error_named_engineerror_that_the_cell_raised_is_an_error_not_a_death():
+    # jaxsys's own EngineError (a refused initialize(), say) or a user's class of that name:
+    # the engine sent it, so it carries the engine's details, and the engine lives on.
+    raised = ipp_error.RemoteError(
+        "EngineError",
+        "jax.distributed.initialize(num_processes=4 (the running world has 2)) ...",
+        "Traceback (most recent call last):\nEngineError: refused",
+        {"engine_uuid": "u-1", "engine_id": 1, "method": "execute"},
+    )
+    m, _, _ = machine([1])
+    m.feed(1, "reply", replied(raised))
+    m.feed(1, "idle", None)
+    assert m.step().kind == DONE
+    run = m.finish()
+    assert run.results[1].status == "error"
+    assert run.results[1].error["ename"] == "EngineError"
+
+
 def test_aborted_task():
     class TaskAborted(Exception):
         pass
