@@ -67,6 +67,16 @@ def test_each_process_runs_the_cell_once_and_its_output_is_its_own(cluster, path
     assert books(cluster.client) == (0, 0, 0)
 
 
+def test_engines_send_no_busy_or_input_notices_and_output_still_arrives(cluster):
+    # Before any test of this module ends a process. The engines skip the status-busy and execute_input messages nobody reads; a %%px-style
+    # request still gets its output, its reply and its end (the idle status).
+    ar = cluster.view.execute("print('seen')", silent=False)
+    ar.get(timeout=30)
+    ar.wait_for_output(timeout=30)
+    assert [s.strip() for s in ar.stdout] == ["seen", "seen"]
+    assert all(md["execute_input"] is None for md in ar._metadata)
+
+
 def test_a_subset_of_processes_runs_alone(cluster, path):
     r, out = run(cluster, "import jax\nprint('only', jax.process_index())", procs=[1])
     assert r.procs == [1] and r.by_status("ok") == [1]
@@ -113,13 +123,3 @@ def test_a_process_that_dies_during_a_broadcast_cell_is_reported_dead(cluster, m
         time.sleep(0.1)
     assert books(cluster.client) == (0, 0, 0)
     assert not pid_alive(victim)
-
-
-def test_engines_send_no_busy_or_input_notices_and_output_still_arrives(cluster):
-    # The engines skip the status-busy and execute_input messages nobody reads; a %%px-style
-    # request still gets its output, its reply and its end (the idle status).
-    ar = cluster.view.execute("print('seen')", silent=False)
-    ar.get(timeout=30)
-    ar.wait_for_output(timeout=30)
-    assert [s.strip() for s in ar.stdout] == ["seen", "seen"]
-    assert all(md["execute_input"] is None for md in ar._metadata)
