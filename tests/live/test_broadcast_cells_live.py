@@ -68,8 +68,9 @@ def test_each_process_runs_the_cell_once_and_its_output_is_its_own(cluster, path
 
 
 def test_engines_send_no_busy_or_input_notices_and_output_still_arrives(cluster):
-    # Before any test of this module ends a process. The engines skip the status-busy and execute_input messages nobody reads; a %%px-style
-    # request still gets its output, its reply and its end (the idle status).
+    # Runs before any test of this module ends a process. The engines skip the status-busy
+    # and execute_input messages nobody reads; a %%px-style request still gets its output,
+    # its reply and its end (the idle status).
     ar = cluster.view.execute("print('seen')", silent=False)
     ar.get(timeout=30)
     ar.wait_for_output(timeout=30)

@@ -30,6 +30,16 @@ def test_a_stamp_with_a_zone_reads_as_dateutil_reads_it(when):
     assert got.utcoffset() == when.utcoffset()
 
 
+def test_a_zoned_stamp_never_reaches_dateutil(monkeypatch):
+    def refuse(text):
+        raise AssertionError(f"dateutil was asked for {text!r}")
+
+    monkeypatch.setattr(util, "dateutil_parse", refuse)
+    assert util._parse_date("2026-12-06T18:00:00.123456Z") == datetime(
+        2026, 12, 6, 18, 0, 0, 123456, tzinfo=UTC
+    )
+
+
 def test_what_is_not_a_zoned_stamp_goes_to_ipyparallels_own_reader():
     assert util._parse_date(None) is None
     assert util._parse_date("not a date") == "not a date"
