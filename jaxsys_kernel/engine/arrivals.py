@@ -5,9 +5,10 @@ While switched on (:func:`enable`), every call a cell's own code makes to a jitt
 whose first argument spans processes is one step: the recorder notes when the host began the
 work leading to it (the previous call returned, or the cell began), the time spent in the
 input pipeline (:func:`note_input`) and compiling (JAX's compile-duration events) and when
-the call was made. The step's end is when the arrays still being computed at its return
-(its result among them) are ready, stamped by a thread of its own (:mod:`.step_ends`) so
-that a loop keeps dispatching ahead of its devices.
+the call was made. The step's end is when its result is computed: read from the names the
+cell's line stores it in (``state, loss = step(state, batch)``), or else the arrays this
+process is still computing at its return, stamped by a thread of its own (:mod:`.step_ends`)
+so that a loop keeps dispatching ahead of its devices.
 
 A loop that dispatches ahead queues its steps on the devices: a step can begin only once
 the host made the call *and* the previous step ended. So a record's ``start`` is the later
@@ -58,6 +59,8 @@ MAX_DELAY_MS = 60_000
 # Seconds records() waits for the ends of steps still running when the kernel asks.
 DRAIN_SECONDS = 3.0
 WHERE = ("host", "input", "compute")
+# What each step record holds, in the order the recorder keeps it.
+_FIELDS = ("kind", "step", "start", "dispatch", "end", "input", "compile", "compute")
 _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -66,8 +69,11 @@ _COMPILE_EVENTS = (
 _TOOL_NAME = "jaxsys-arrivals"
 
 
+_KERNEL_CELL = f"{os.sep}ipykernel_"
+
+
 def _is_cell_file(filename: str) -> bool:
-    return filename.startswith("<ipython-input") or f"{os.sep}ipykernel_" in filename
+    return filename.startswith("<ipython-input") or _KERNEL_CELL in filename
 
 
 def _is_jitted(fn) -> bool:
@@ -108,7 +114,9 @@ class Recorder:
     ):
         self.clock, self.spans, self.sleep = clock, spans, sleep
         self.unfinished, self.wait, self.ready = unfinished, wait, ready
-        self.steps: list[dict] = []
+        # Each step's record as a tuple of _FIELDS, made a dict only when read (steps):
+        # a dict built per step cost the loop more than the rest of the record.
+        self._rows: list[tuple] = []
         self.dropped = 0
         self.delay: tuple[float, str] | None = None
         self._depth = 0
@@ -128,11 +136,16 @@ class Recorder:
         """Start a cell: no steps yet, its work begins now."""
         self._pending, self._waiting = None, False
         with self._lock:
-            self.steps, self.dropped, self._depth = [], 0, 0
+            self._rows, self.dropped, self._depth = [], 0, 0
             self._cell += 1  # ends still awaited from an earlier cell are not its steps
             self._start = self._end = self.clock()
             self._input = self._compile = self._compute = 0.0
             self._dispatch = None
+
+    @property
+    def steps(self) -> list[dict]:
+        """The current cell's step records, oldest first."""
+        return [dict(zip(_FIELDS, row, strict=True)) for row in list(self._rows)]
 
     def note_input(self, seconds: float) -> None:
         """Count ``seconds`` of the current step's work as the input pipeline's."""
@@ -164,8 +177,11 @@ class Recorder:
             self.sleep(self.delay[0])
             self._compute = self.delay[0]
 
-    def on_return(self, result) -> None:
-        """The call returned ``result`` (None when it raised): record a step if it spans."""
+    def on_return(self, result, stored: Callable[[], list | None] | None = None) -> None:
+        """The call returned: record a step if its first argument ``result`` spans processes
+        (None when it raised). ``stored()``, asked once the cell's next line runs, gives the
+        arrays the call stored (:func:`.step_calls.stored_arrays`), or None when it cannot tell.
+        """
         self._depth = max(0, self._depth - 1)
         if self._depth or self._dispatch is None:
             return
@@ -177,7 +193,7 @@ class Recorder:
         if self.ends is not None:
             # Looked at when the cell's next call says whether it waits (settle): the look
             # then runs while the devices work, and a loop that waits stamps the end itself.
-            self._pending = [item, result, (self._start, self._input), None]
+            self._pending = [item, result, (self._start, self._input), None, stored]
             self._start, self._input = self.clock(), 0.0
             return
         if not self.spans(result):
@@ -187,11 +203,16 @@ class Recorder:
         self.wait(arrays)
         self._finish(item + (tuple(id(a) for a in arrays),), self.clock())
 
-    def _hand_over(self) -> list:
-        """The arrays still being computed that no earlier step holds, now held by this one."""
+    def _hand_over(self, stored: Callable[[], list | None] | None = None) -> list:
+        """The arrays the step's end waits for that no earlier step holds, now held by this
+        one: those the call stored when ``stored`` can tell (computed or not: the wait for
+        one already computed returns at once), else any this process is still computing."""
+        made = stored() if stored is not None else None
+        if made is None:
+            made = self.unfinished()
         # Each array is handed over once, with the step that made it: held by every later
         # step too, arrays the loop dropped would stay allocated while the host runs ahead.
-        arrays = [a for a in self.unfinished() if id(a) not in self._held]
+        arrays = [a for a in made if id(a) not in self._held]
         self._held.update(id(a) for a in arrays)
         return arrays
 
@@ -204,7 +225,8 @@ class Recorder:
                 self._pending = None
                 return False
             pending[1] = None  # the argument is not held past this look
-            pending[3] = self._hand_over()
+            pending[3] = self._hand_over(pending[4])
+            pending[4] = None  # nor is the cell's frame
         return True
 
     def pending(self) -> bool:
@@ -236,7 +258,7 @@ class Recorder:
         waited, self._waiting = self._waiting, False
         if self._pending is None or not self._look():
             return
-        item, _, _, arrays = self._pending
+        item, arrays = self._pending[0], self._pending[3]
         self._pending = None
         item += (tuple(id(a) for a in arrays),)
         if self.ends.idle() and (not arrays or (waited and self.ready(arrays))):
@@ -255,19 +277,21 @@ class Recorder:
             # Queued behind the previous step, a step begins when that one ended.
             start = max(host_start, self._end)
             dispatch = max(dispatch, start)
-            record = {
-                "kind": "step",
-                "step": len(self.steps) + self.dropped,
-                "start": start,
-                "dispatch": dispatch,
-                "end": max(end, dispatch),
-                "input": min(input_, dispatch - start),
-                "compile": compile_,
-                "compute": compute,
-            }
-            self._end = record["end"]
-            if len(self.steps) < MAX_STEPS:
-                self.steps.append(record)
+            self._end = end = max(end, dispatch)
+            rows = self._rows
+            if len(rows) < MAX_STEPS:
+                rows.append(
+                    (
+                        "step",
+                        len(rows) + self.dropped,
+                        start,
+                        dispatch,
+                        end,
+                        min(input_, dispatch - start),
+                        compile_,
+                        compute,
+                    )
+                )
             else:
                 self.dropped += 1
 
@@ -309,11 +333,13 @@ def _callbacks(rec: Recorder, waits: tuple):
     # C_RETURN passes the call's first argument, not its result: a step is a call whose
     # first argument spans processes (a training step's state or batch does), and its end
     # is when every array still being computed is ready (see step_calls.unfinished).
-    def on_c_return(code, _offset, fn, arg0):
+    def on_c_return(code, offset, fn, arg0):
         if not _is_cell_file(code.co_filename):
             return
         if _is_jitted(fn):
-            rec.on_return(arg0)
+            # The result is read from where the cell's line stores it, once stored.
+            frame = sys._getframe(1)
+            rec.on_return(arg0, lambda: step_calls.stored_arrays(frame, code, offset))
         else:
             rec.after_call()
 
@@ -407,8 +433,9 @@ def records(last: int = MAX_STEPS) -> dict:
     last = max(0, min(int(last), MAX_STEPS))
     # Steps the cell left running end within DRAIN_SECONDS or are read at the next look.
     rec.drain()
-    kept = rec.steps[-last:] if last else []
-    return {"on": True, "steps": list(kept), "dropped": rec.dropped + len(rec.steps) - len(kept)}
+    steps = rec.steps
+    kept = steps[-last:] if last else []
+    return {"on": True, "steps": kept, "dropped": rec.dropped + len(steps) - len(kept)}
 
 
 def slow(ms: float | None, where: str = "host") -> str:

@@ -15,9 +15,11 @@ anyway), and a computation that failed ends its step when it failed.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 # Steps whose end is still awaited before the main thread waits for a place.
@@ -25,15 +27,22 @@ MAX_QUEUED = 256
 _STOP = object()
 
 
+@functools.cache
+def _runtime_error() -> type:
+    # Looked up once: an import statement at every step cost the thread a lookup each time.
+    from jax.errors import JaxRuntimeError  # Deferred: only asked once JAX has run a step.
+
+    return JaxRuntimeError
+
+
 def wait_arrays(arrays: list) -> None:
     """Wait until each array is computed; a deleted (donated) or failed one is passed over."""
-    from jax.errors import JaxRuntimeError  # Deferred: only called once JAX has run a step.
-
+    failed = _runtime_error()
     for a in arrays:
         try:
             if not a.is_deleted():
                 a.block_until_ready()
-        except JaxRuntimeError:
+        except failed:
             # Donated after it was handed over, or its computation failed: either way
             # there is nothing left to wait for, and the step ends now.
             continue
@@ -41,13 +50,12 @@ def wait_arrays(arrays: list) -> None:
 
 def arrays_ready(arrays: list) -> bool:
     """Whether each array is computed now (a deleted or failed one counts as done)."""
-    from jax.errors import JaxRuntimeError  # Deferred: as in wait_arrays.
-
+    failed = _runtime_error()
     for a in arrays:
         try:
             if not a.is_deleted() and not a.is_ready():
                 return False
-        except JaxRuntimeError:
+        except failed:
             continue
     return True
 
@@ -74,8 +82,16 @@ class StepEnds:
         clock: Callable[[], float] = time.time,
         limit: int = MAX_QUEUED,
     ):
-        self.finish, self.wait, self.clock = finish, wait, clock
-        self._queue: queue.Queue = queue.Queue(maxsize=limit)
+        self.finish, self.wait, self.clock, self.limit = finish, wait, clock, limit
+        # A queue written in C, with two counts beside it, each written by one thread only:
+        # queue.Queue takes its locks and conditions in Python at every put and get, and
+        # this runs once a step on both threads.
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._put = 0  # steps handed over (the caller's thread)
+        self._done = 0  # steps stamped (this thread)
+        # Set after each stamp while someone waits for a place or for the queue to empty.
+        self._changed = threading.Event()
+        self._watched = False
         self._thread: threading.Thread | None = None
 
     def put(self, item, arrays: list) -> None:
@@ -83,39 +99,58 @@ class StepEnds:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="jaxsys-step-ends", daemon=True)
             self._thread.start()
+        if self._put - self._done >= self.limit:
+            self._wait_until(lambda: self._put - self._done < self.limit, None)
+        self._put += 1
         self._queue.put((item, arrays))
 
     def _run(self) -> None:
         while True:
             got = self._queue.get()
+            if got is _STOP:
+                return
             try:
-                if got is _STOP:
-                    return
-                item, arrays = got
-                self.wait(arrays)
-                self.finish(item, self.clock())
-                del arrays, got  # the arrays are not held past their step's end
-            finally:
-                self._queue.task_done()
+                self.wait(got[1])
+                self.finish(got[0], self.clock())
+            except Exception:  # noqa: BLE001 - see below
+                # One step's record is lost, not the thread: the steps after it still end.
+                traceback.print_exc()
+            del got  # the arrays are not held past their step's end
+            self._done += 1
+            if self._watched:
+                self._changed.set()
 
     def idle(self) -> bool:
         """Whether every handed-over step is stamped already."""
-        return self._queue.unfinished_tasks == 0
+        return self._done == self._put
 
     def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every handed-over step to be stamped."""
-        done = self._queue.all_tasks_done
-        with done:
-            return done.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout)
+        return self._wait_until(self.idle, timeout)
+
+    def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._watched = True
+        try:
+            # Cleared before each look: a stamp after the look sets it again, so no wake is lost.
+            while True:
+                self._changed.clear()
+                if ready():
+                    return True
+                if self._thread is None or not self._thread.is_alive():
+                    return False
+                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        finally:
+            self._watched = False
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the thread once the steps before are stamped (waits up to ``timeout`` s)."""
         if self._thread is None:
             return
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:
-            return  # a daemon thread: it goes with the process
+        self._queue.put(_STOP)
         self._thread.join(timeout)
         self._thread = None
 
