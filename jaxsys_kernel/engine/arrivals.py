@@ -19,11 +19,14 @@ in the next step's host time, whether or not the loop reads its results.
 A loop that waits for each step (``w.block_until_ready()``, ``print(loss)``, ``float(loss)``)
 stamps the end itself: the step's arrays are taken as the wait is called, while the devices
 work, and the end is read on the main thread when the wait returns, so the thread does not
-wake twice a step. Only waits seen returning count (calls into C: an array's
+wake twice a step. The rest of the record is kept after the next dispatch: right after a
+wait the devices wait for the host, and the host runs slowly while the runtime's threads
+spin down. Only waits seen returning count (calls into C: an array's
 ``block_until_ready``, ``float``, ``int``, ``print``, ``numpy.asarray``; a Python function
 such as ``jax.block_until_ready`` gives no return to see). Anything else the cell calls
 while a step still runs hands the step to the thread, so a step that ends while the host is
-busy elsewhere is still stamped when it ended.
+busy elsewhere is still stamped when it ended; a step already computed by then ends there.
+The records are kept by :class:`.step_recorder.Recorder`.
 
 The calls are seen through Python's own monitoring (:mod:`sys.monitoring`, a ``CALL`` event
 per call site and ``C_RETURN``), switched off at the first look for every call site outside a
@@ -42,25 +45,16 @@ import atexit
 import functools
 import os
 import sys
-import threading
-import time
-from collections.abc import Callable
 
 from IPython import get_ipython
 
 from . import step_calls
 from .state import STATE
-from .step_ends import StepEnds, arrays_ready, wait_arrays
+from .step_recorder import MAX_STEPS, Recorder
 
-# Steps kept per cell; later ones are counted in ``dropped``.
-MAX_STEPS = 100_000
 # Longest injected delay, in milliseconds (a minute).
 MAX_DELAY_MS = 60_000
-# Seconds records() waits for the ends of steps still running when the kernel asks.
-DRAIN_SECONDS = 3.0
 WHERE = ("host", "input", "compute")
-# What each step record holds, in the order the recorder keeps it.
-_FIELDS = ("kind", "step", "start", "dispatch", "end", "input", "compile", "compute")
 _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -78,234 +72,6 @@ def _is_cell_file(filename: str) -> bool:
 
 def _is_jitted(fn) -> bool:
     return type(fn).__name__ == "PjitFunction"
-
-
-class Recorder:
-    """One process's step records for the running cell.
-
-    Parameters
-    ----------
-    clock : callable
-        Wall clock in seconds (the kernel corrects it by the measured offset).
-    spans : callable
-        ``spans(arg)``: whether a call's first argument spans processes (a step).
-    unfinished : callable
-        ``unfinished()``: the arrays a step's end waits for, taken as its call returns.
-    wait : callable
-        ``wait(arrays)``: returns once they are computed.
-    ready : callable
-        ``ready(arrays)``: whether they are computed already, without waiting.
-    sleep : callable
-        Used for injected delays.
-    background : bool
-        Whether the ends are awaited on a thread of their own (:class:`.step_ends.StepEnds`)
-        or at once, on the caller's thread.
-    """
-
-    def __init__(
-        self,
-        clock: Callable[[], float] = time.time,
-        spans: Callable = step_calls.spans_processes,
-        unfinished: Callable[[], list] = step_calls.unfinished,
-        wait: Callable[[list], None] = wait_arrays,
-        ready: Callable[[list], bool] = arrays_ready,
-        sleep: Callable[[float], None] = time.sleep,
-        background: bool = False,
-    ):
-        self.clock, self.spans, self.sleep = clock, spans, sleep
-        self.unfinished, self.wait, self.ready = unfinished, wait, ready
-        # Each step's record as a tuple of _FIELDS, made a dict only when read (steps):
-        # a dict built per step cost the loop more than the rest of the record.
-        self._rows: list[tuple] = []
-        self.dropped = 0
-        self.delay: tuple[float, str] | None = None
-        self._depth = 0
-        self._cell = 0
-        # ids of the arrays handed over with steps whose end is still awaited
-        self._held: set[int] = set()
-        # The step just returned, kept on this thread until the cell's next call says
-        # whether it waits for it (one of step_calls.waits()) or goes on (it goes to the thread).
-        self._pending: list | None = None
-        self._waiting = False
-        # The thread stamping ends appends records while the main thread begins cells.
-        self._lock = threading.Lock()
-        self.ends = StepEnds(self._finish, wait, clock) if background else None
-        self.begin_cell()
-
-    def begin_cell(self) -> None:
-        """Start a cell: no steps yet, its work begins now."""
-        self._pending, self._waiting = None, False
-        with self._lock:
-            self._rows, self.dropped, self._depth = [], 0, 0
-            self._cell += 1  # ends still awaited from an earlier cell are not its steps
-            self._start = self._end = self.clock()
-            self._input = self._compile = self._compute = 0.0
-            self._dispatch = None
-
-    @property
-    def steps(self) -> list[dict]:
-        """The current cell's step records, oldest first."""
-        return [dict(zip(_FIELDS, row, strict=True)) for row in list(self._rows)]
-
-    def note_input(self, seconds: float) -> None:
-        """Count ``seconds`` of the current step's work as the input pipeline's."""
-        if seconds > 0:
-            self._input += seconds
-
-    def note_compile(self, seconds: float) -> None:
-        """Count ``seconds`` of compiling inside the current call."""
-        if self._depth and seconds > 0:
-            self._compile += seconds
-
-    def on_call(self) -> None:
-        """A cell's line calls a jitted function: the dispatch begins."""
-        self._depth += 1
-        if self._depth > 1:
-            return  # a call traced inside another: part of the outer one's compile
-        self.settle()
-        if self.delay is not None:
-            seconds, where = self.delay
-            if where in ("host", "input"):
-                self.sleep(seconds)
-                if where == "input":
-                    self.note_input(seconds)
-        self._dispatch = self.clock()
-        self._compile = self._compute = 0.0
-        if self.delay is not None and self.delay[1] == "compute":
-            # Held before the call goes on, as a busy device holds the collective: the
-            # others wait for it inside the step, and it is counted as this step's compute.
-            self.sleep(self.delay[0])
-            self._compute = self.delay[0]
-
-    def on_return(self, result, stored: Callable[[], list | None] | None = None) -> None:
-        """The call returned: record a step if its first argument ``result`` spans processes
-        (None when it raised). ``stored()``, asked once the cell's next line runs, gives the
-        arrays the call stored (:func:`.step_calls.stored_arrays`), or None when it cannot tell.
-        """
-        self._depth = max(0, self._depth - 1)
-        if self._depth or self._dispatch is None:
-            return
-        dispatch, self._dispatch = self._dispatch, None
-        if result is None:
-            return
-        item = (self._cell, min(self._start, dispatch), dispatch, self._input, self._compile)
-        item += (self._compute,)
-        if self.ends is not None:
-            # Looked at when the cell's next call says whether it waits (settle): the look
-            # then runs while the devices work, and a loop that waits stamps the end itself.
-            self._pending = [item, result, (self._start, self._input), None, stored]
-            self._start, self._input = self.clock(), 0.0
-            return
-        if not self.spans(result):
-            return
-        arrays = self._hand_over()
-        self._start, self._input = self.clock(), 0.0
-        self.wait(arrays)
-        self._finish(item + (tuple(id(a) for a in arrays),), self.clock())
-
-    def _hand_over(self, stored: Callable[[], list | None] | None = None) -> list:
-        """The arrays the step's end waits for that no earlier step holds, now held by this
-        one: those the call stored when ``stored`` can tell (computed or not: the wait for
-        one already computed returns at once), else any this process is still computing."""
-        made = stored() if stored is not None else None
-        if made is None:
-            made = self.unfinished()
-        # Each array is handed over once, with the step that made it: held by every later
-        # step too, arrays the loop dropped would stay allocated while the host runs ahead.
-        arrays = [a for a in made if id(a) not in self._held]
-        self._held.update(id(a) for a in arrays)
-        return arrays
-
-    def _look(self) -> bool:
-        """Whether the step kept here is one (its argument spans), its arrays now taken."""
-        pending = self._pending
-        if pending[3] is None:
-            if not self.spans(pending[1]):
-                self._start, self._input = pending[2]  # not a step: its host time goes on
-                self._pending = None
-                return False
-            pending[1] = None  # the argument is not held past this look
-            pending[3] = self._hand_over(pending[4])
-            pending[4] = None  # nor is the cell's frame
-        return True
-
-    def pending(self) -> bool:
-        """Whether a step that returned is kept here, its end not yet decided."""
-        return self._pending is not None
-
-    def before_call(self, wait: bool) -> None:
-        """The cell calls something other than a jitted function (``wait``: one that
-        returns once an array is computed, :func:`.step_calls.waits`)."""
-        if self._pending is None:
-            return
-        if not wait:
-            self.settle()
-        elif self._look():
-            self._waiting = True  # its end is read when the wait returns (after_call)
-
-    def after_call(self) -> None:
-        """A call into C from the cell returned: the end of a step it waited for is now."""
-        if self._waiting:
-            self.settle()
-
-    def settle(self) -> None:
-        """End the step kept here now if it is computed, or hand it to the thread.
-
-        Steps end in order, so one is stamped here only while the thread has none left. Its
-        arrays are looked at only after a wait (:func:`.step_calls.waits`): anywhere else,
-        a step with arrays still running at its call's return goes to the thread.
-        """
-        waited, self._waiting = self._waiting, False
-        if self._pending is None or not self._look():
-            return
-        item, arrays = self._pending[0], self._pending[3]
-        self._pending = None
-        item += (tuple(id(a) for a in arrays),)
-        if self.ends.idle() and (not arrays or (waited and self.ready(arrays))):
-            self._finish(item, self.clock())
-        else:
-            self.ends.put(item, arrays)
-
-    def _finish(self, item: tuple, end: float) -> None:
-        """Keep one step's record, now that its end is known (steps come in order)."""
-        cell, host_start, dispatch, input_, compile_, compute, held = item
-        # Before the arrays are let go, so that no new array can reuse one of these ids.
-        self._held.difference_update(held)
-        with self._lock:
-            if cell != self._cell:
-                return
-            # Queued behind the previous step, a step begins when that one ended.
-            start = max(host_start, self._end)
-            dispatch = max(dispatch, start)
-            self._end = end = max(end, dispatch)
-            rows = self._rows
-            if len(rows) < MAX_STEPS:
-                rows.append(
-                    (
-                        "step",
-                        len(rows) + self.dropped,
-                        start,
-                        dispatch,
-                        end,
-                        min(input_, dispatch - start),
-                        compile_,
-                        compute,
-                    )
-                )
-            else:
-                self.dropped += 1
-
-    def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
-        """Wait up to ``timeout`` s for the ends of steps still running; whether all came."""
-        if self.ends is None:
-            return True
-        self.settle()
-        return self.ends.drain(timeout)
-
-    def close(self) -> None:
-        """Stop the thread stamping ends."""
-        if self.ends is not None:
-            self.ends.close()
 
 
 def _tool_id() -> int | None:
@@ -341,7 +107,7 @@ def _callbacks(rec: Recorder, waits: tuple):
             frame = sys._getframe(1)
             rec.on_return(arg0, lambda: step_calls.stored_arrays(frame, code, offset))
         else:
-            rec.after_call()
+            rec.after_call(arg0)
 
     def on_c_raise(code, _offset, fn, _exc):
         if not _is_cell_file(code.co_filename):

@@ -33,6 +33,8 @@ def spans_processes(tree) -> bool:
     a model's state has hundreds, and flattening all of them at every step cost 40-170 us
     (measured, 256 arrays), while a step's state or batch spans processes throughout.
     """
+    if isinstance(tree, _array_type()):
+        return not _addressable(tree)  # a step's state as one array: no walk
     return any(not _addressable(a) for a in _leading_arrays(tree))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from jaxsys_kernel.cells.step_records import checked
 from jaxsys_kernel.cells.stragglers import Stragglers
-from jaxsys_kernel.engine import arrivals, step_calls, step_ends
+from jaxsys_kernel.engine import arrivals, step_calls, step_ends, step_recorder
 from jaxsys_kernel.engine.state import STATE
 
 pytestmark = pytest.mark.unit
@@ -89,7 +89,7 @@ def test_nested_calls_local_results_and_raises_are_not_steps():
 
 
 def test_steps_per_cell_are_bounded(monkeypatch):
-    monkeypatch.setattr(arrivals, "MAX_STEPS", 3)
+    monkeypatch.setattr(step_recorder, "MAX_STEPS", 3)
     rec = arrivals.Recorder(clock=lambda: 1.0, spans=lambda r: True, unfinished=list)
     for _ in range(5):
         rec.on_call()
@@ -151,6 +151,7 @@ def test_steps_dispatched_ahead_begin_when_the_previous_step_ended():
         spans=lambda r: True,
         unfinished=lambda: [next(order)],
         wait=wait,
+        ready=lambda arrays: go.is_set(),  # the devices finish only once let go
         background=True,
     )
     try:
@@ -238,7 +239,11 @@ def test_an_array_still_running_is_handed_over_with_its_own_step_only():
         assert go.wait(5)
 
     rec = arrivals.Recorder(
-        spans=lambda r: True, unfinished=lambda: live.pop(0), wait=wait, background=True
+        spans=lambda r: True,
+        unfinished=lambda: live.pop(0),
+        wait=wait,
+        ready=lambda arrays: go.is_set(),
+        background=True,
     )
     try:
         for _ in range(2):
@@ -302,12 +307,35 @@ def test_any_other_call_while_a_step_runs_hands_it_to_the_thread_at_once():
     the thread when it ends, not when the cell next looks."""
     now = [1.0]
     handed = []
-    rec = _fake(now, unfinished=lambda: ["result"], wait=lambda arrays: handed.append(now[0]))
+    rec = _fake(
+        now,
+        unfinished=lambda: ["result"],
+        wait=lambda arrays: handed.append(now[0]),
+        ready=lambda arrays: False,  # still running
+    )
     try:
         rec.on_call()
         rec.on_return("x")
         rec.before_call(wait=False)  # next(loader)
         assert rec.drain(5) and handed == [1.0]
+    finally:
+        rec.close()
+
+
+def test_a_step_computed_by_the_next_call_ends_without_waking_the_thread():
+    """Where a step runs within its own call (collectives on CPU), it is computed by the
+    time the loop makes its next call: stamped there, as the thread would have at once."""
+    now = [1.0]
+    rec = _fake(now, unfinished=lambda: ["result"], ready=lambda arrays: True)
+    try:
+        for t in (1.0, 1.5):
+            now[0] = t
+            rec.on_call()
+            rec.on_return("x")
+        now[0] = 2.0
+        rec.before_call(wait=False)
+        assert [s["end"] for s in rec.steps] == [1.5, 2.0]
+        assert rec.ends._thread is None
     finally:
         rec.close()
 
