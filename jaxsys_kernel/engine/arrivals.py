@@ -199,9 +199,8 @@ def records(last: int = MAX_STEPS) -> dict:
     last = max(0, min(int(last), MAX_STEPS))
     # Steps the cell left running end within DRAIN_SECONDS or are read at the next look.
     rec.drain()
-    steps = rec.steps
-    kept = steps[-last:] if last else []
-    return {"on": True, "steps": kept, "dropped": rec.dropped + len(steps) - len(kept)}
+    kept, count = rec.latest(last)
+    return {"on": True, "steps": kept, "dropped": rec.dropped + count - len(kept)}
 
 
 def slow(ms: float | None, where: str = "host") -> str:

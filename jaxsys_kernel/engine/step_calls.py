@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dis
 import functools
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from types import CodeType, FrameType
 
 import numpy as np
@@ -42,20 +42,28 @@ def _addressable(array) -> bool:
     """Whether ``array`` lives on this process's devices only, known once per sharding."""
     # A step's outputs share one sharding object from call to call, and the look through
     # it cost 15 us a step with the devices busy (measured, 2 cores), against 1 us idle.
-    sharding = array.sharding
-    known = _ADDRESSABLE.get(id(sharding))
-    if known is not None and known[0] is sharding:
+    return _by_identity(_ADDRESSABLE, 64, array.sharding, lambda s: bool(s.is_fully_addressable))
+
+
+def _by_identity(cache: dict, limit: int, key, compute: Callable):
+    """``compute(key)``, kept in ``cache`` by the object's id (cleared past ``limit``).
+
+    By id, not by hash: a code object's hash walks its constants at every look. The object
+    is kept with its answer, so its id is not reused by another while the entry lasts.
+    """
+    known = cache.get(id(key))
+    if known is not None and known[0] is key:
         return known[1]
-    if len(_ADDRESSABLE) >= _ADDRESSABLE_LIMIT:
-        _ADDRESSABLE.clear()
-    answer = bool(sharding.is_fully_addressable)
-    _ADDRESSABLE[id(sharding)] = (sharding, answer)  # held: its id is not reused meanwhile
+    if len(cache) >= limit:
+        cache.clear()
+    answer = compute(key)
+    cache[id(key)] = (key, answer)
     return answer
 
 
-# Shardings looked at, by id, with the answer; cleared when full.
+# Shardings looked at, and code objects read (_stores_after_calls), each with its answer.
 _ADDRESSABLE: dict[int, tuple] = {}
-_ADDRESSABLE_LIMIT = 64
+_STORES_BY_CODE: dict[int, tuple] = {}
 
 
 @functools.cache
@@ -136,20 +144,7 @@ _STORES = frozenset({"STORE_NAME", "STORE_FAST", "STORE_GLOBAL", "STORE_DEREF"})
 def _stores_after_calls(code: CodeType) -> dict[int, tuple[tuple[bool, str], ...]]:
     """For each call in ``code`` whose result goes straight into plain names, those names
     (each with whether it is a global), by the call's offset."""
-    # Kept by the code object's id, not hashed: a code object's hash walks its constants
-    # at every look.
-    known = _STORES_BY_CODE.get(id(code))
-    if known is not None and known[0] is code:
-        return known[1]
-    if len(_STORES_BY_CODE) >= _STORES_LIMIT:
-        _STORES_BY_CODE.clear()
-    found = _read_stores(code)
-    _STORES_BY_CODE[id(code)] = (code, found)
-    return found
-
-
-_STORES_BY_CODE: dict[int, tuple] = {}
-_STORES_LIMIT = 256
+    return _by_identity(_STORES_BY_CODE, 256, code, _read_stores)
 
 
 def _read_stores(code: CodeType) -> dict[int, tuple[tuple[bool, str], ...]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 
@@ -129,8 +130,11 @@ def test_a_full_queue_holds_the_caller_until_a_step_ends():
         ends.put(1, [])
         third = threading.Thread(target=ends.put, args=(2, []))
         third.start()
-        third.join(0.2)
-        assert third.is_alive() and not ends.idle()  # two awaited: the third waits for a place
+        deadline = time.monotonic() + 5
+        while not ends._watched and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the third put is seen waiting for a place
+        # Two awaited: the third waits, not yet handed over.
+        assert ends._watched and third.is_alive() and ends._put == 2
         go.set()
         third.join(5)
         assert not third.is_alive()
@@ -171,3 +175,50 @@ def test_drain_gives_up_at_its_deadline_while_a_step_still_runs():
         go.set()
         ends.close()
     assert ends._thread is None
+
+
+def test_a_wait_for_the_steps_own_result_stamps_its_end_and_keeps_the_record_for_later():
+    now, result = [1.0], object()
+    rec = arrivals.Recorder(
+        clock=lambda: now[0],
+        spans=lambda r: True,
+        unfinished=lambda: [result],
+        ready=lambda arrays: True,
+        background=True,
+    )
+    try:
+        rec.on_call()
+        rec.on_return("x")
+        rec.before_call(wait=True)  # result.block_until_ready()
+        now[0] = 2.0
+        rec.after_call(result)  # ... returned: the step ended now
+        now[0] = 3.0
+        assert rec.steps == []  # the record is not made on the loop's path
+        rec.on_call()
+        rec.on_return("x")  # made once the next step is dispatched, with the end of then
+        assert [(s["step"], s["end"]) for s in rec.steps] == [(0, 2.0)]
+        assert rec.ends._thread is None
+    finally:
+        rec.close()
+
+
+def test_a_wait_for_something_else_leaves_a_running_step_to_the_thread():
+    go, result, other = threading.Event(), object(), object()
+    rec = arrivals.Recorder(
+        spans=lambda r: True,
+        unfinished=lambda: [result],
+        wait=lambda arrays: go.wait(5),
+        ready=lambda arrays: go.is_set(),
+        background=True,
+    )
+    try:
+        rec.on_call()
+        rec.on_return("x")
+        rec.before_call(wait=True)  # print(other)
+        rec.after_call(other)
+        assert rec.steps == [] and rec.ends._thread is not None
+        go.set()
+        assert rec.drain(5) and [s["step"] for s in rec.steps] == [0]
+    finally:
+        go.set()
+        rec.close()
