@@ -184,8 +184,13 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
                 await bringup.publish_engine_file(world, deadline)
             if self.secure:
                 security.quiet_curve_signing_warning()
+            # The controller answers the client's first request within what is left of the
+            # registration time (ipyparallel's own 10 s is missed on a loaded machine).
+            answer_s = max(10.0, deadline - time.monotonic())
             world.client = await asyncio.wait_for(
-                reply_limit.connect_client(world.ipp, lambda: _controller_gone(world)),
+                reply_limit.connect_client(
+                    world.ipp, lambda: _controller_gone(world), timeout=answer_s
+                ),
                 timeout=self.register_timeout,
             )
             await bringup.bring_up_engines(world, deadline, exclude=set())

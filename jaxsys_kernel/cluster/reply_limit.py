@@ -115,7 +115,12 @@ class _BoundedContext(zmq.Context):
     """A context whose new DEALER and SUB sockets (the client's reply and output channels)
     refuse message parts over :attr:`bound` bytes."""
 
+    # Declared on the class: pyzmq takes any other attribute set on a context for an option.
     bound = MAX_REPLY_BYTES
+
+    def __init__(self, bound: int = MAX_REPLY_BYTES):
+        super().__init__()
+        self.bound = bound
 
     def socket(self, socket_type, *args, **kwargs):
         sock = super().socket(socket_type, *args, **kwargs)
@@ -124,47 +129,68 @@ class _BoundedContext(zmq.Context):
         return sock
 
 
-_context: _BoundedContext | None = None
-_context_lock = threading.Lock()
-
-
 def bounded_context(bound: int) -> zmq.Context:
-    """The kernel's ZeroMQ context for clients, whose new DEALER sockets refuse message parts
-    over ``bound`` bytes. One for the process (like ``zmq.Context.instance()``), so that a
-    kernel starting many clusters does not keep a context's threads for each."""
-    global _context
-    with _context_lock:
-        if _context is None or _context.closed:
-            _context = _BoundedContext()
-        _context.bound = bound
-        return _context
+    """A new ZeroMQ context for one client, whose new DEALER and SUB sockets refuse message
+    parts over ``bound`` bytes.
+
+    One per client, ended with it (:func:`close_client`): a context whose I/O thread is
+    ever blocked (a send to a socket monitor nobody reads blocks it for good) takes down
+    only that client, never every client the process makes later; ending the context
+    unblocks the thread."""
+    return _BoundedContext(bound)
 
 
-async def connect_client(ipp_cluster, controller_gone: Callable[[], bool]):
+# How long ending a closed client's context may take before it is left to itself.
+_CONTEXT_END_S = 5.0
+
+
+async def connect_client(ipp_cluster, controller_gone: Callable[[], bool], timeout: float = 10.0):
     """ipyparallel's client of ``ipp_cluster``, bounded and watched (see the module).
 
+    ``timeout`` is how long the controller has to answer the client's first request.
     Close it with :func:`close_client`, never with its own ``close``: see there."""
     bound = limit()
     _compat.fast_reply_dates()
-    client = await ipp_cluster.connect_client(context=bounded_context(bound))
+    ctx = bounded_context(bound)
+    try:
+        client = await ipp_cluster.connect_client(context=ctx, timeout=timeout)
+    except BaseException:
+        _end_context(ctx)
+        raise
+    client._jaxsys_context = ctx
     watch(client, bound, controller_gone)
     return client
 
 
 def close_client(client) -> None:
-    """Close a client made by :func:`connect_client`, leaving the shared context usable.
+    """Close a client made by :func:`connect_client`, and end its context.
 
     A ZeroMQ socket monitor sends its events from the context's I/O thread, and a send to a
-    monitor whose reading end was closed blocks that thread for good, and with it every
-    client the process makes later (their first request is never answered). So the
-    monitors are stopped while their reading ends are open, and only then is anything
-    closed."""
+    monitor whose reading end was closed blocks that thread. So the monitors are stopped
+    while their reading ends are open, and only then is anything closed; the context is
+    ended last, which also frees its I/O thread if it was blocked all the same."""
     # The client's own thread owns its sockets: stopped first, so that they can be touched.
     client._stop_io_thread()
     watching = getattr(client, "_jaxsys_watch", None)
     if watching is not None:
         watching.stop()
     client.close(linger=0)
+    ctx = getattr(client, "_jaxsys_context", None)
+    if ctx is not None:
+        _end_context(ctx)
+
+
+def _end_context(ctx: zmq.Context) -> None:
+    # Ending a context waits for every socket made in it to close; those pyzmq tracks are
+    # closed here, but a socket it does not track would make the wait endless, so it runs
+    # on a thread of its own, waited for only so long.
+    ender = threading.Thread(
+        target=ctx.destroy, kwargs={"linger": 0}, name="jaxsys-context-end", daemon=True
+    )
+    ender.start()
+    ender.join(_CONTEXT_END_S)
+    if ender.is_alive():
+        log.warning("a closed client's ZeroMQ context did not end within %g s", _CONTEXT_END_S)
 
 
 class Watch:
@@ -202,24 +228,31 @@ def watch(client, bound: int, controller_gone: Callable[[], bool]) -> Watch | No
     and the socket connects again. Returns the running :class:`Watch` (None: not watched)."""
     watching = Watch(client, bound, controller_gone)
     made, given_up = threading.Event(), threading.Event()
+    # Held while the monitors are made: the caller gives up either before any is made or
+    # not at all. Monitors made after it gave up would have no reader once ``watching``
+    # is collected, and their next event would block the context's I/O thread for good.
+    making = threading.Lock()
 
     def make() -> None:
-        # On the client's IO thread, which owns its sockets. Never once the caller has
-        # given up waiting: a monitor nobody reads would block the context's I/O thread.
-        try:
-            for name in () if given_up.is_set() else _WATCHED:
-                sock = getattr(client, name, None)
-                if sock is not None and not sock.closed:
-                    # An address of its own: pyzmq's default is made from the socket's file
-                    # descriptor, which a later client's socket may get again.
-                    addr = f"inproc://jaxsys-reply-limit-{os.getpid()}-{next(_monitor_ids)}"
-                    watching.monitors[sock.get_monitor_socket(_EVENTS, addr)] = sock
-        finally:
-            made.set()
+        # On the client's IO thread, which owns its sockets.
+        with making:
+            try:
+                for name in () if given_up.is_set() else _WATCHED:
+                    sock = getattr(client, name, None)
+                    if sock is not None and not sock.closed:
+                        # An address of its own: pyzmq's default is made from the socket's
+                        # file descriptor, which a later client's socket may get again.
+                        addr = f"inproc://jaxsys-reply-limit-{os.getpid()}-{next(_monitor_ids)}"
+                        watching.monitors[sock.get_monitor_socket(_EVENTS, addr)] = sock
+            finally:
+                made.set()
 
     client._io_loop.add_callback(make)
     if not made.wait(_SETUP_WAIT_S):
-        given_up.set()
+        with making:
+            if not made.is_set():
+                given_up.set()
+    if given_up.is_set():
         log.warning("the client's sockets could not be watched for refused messages")
         return None
     watching.thread.start()

@@ -3,8 +3,10 @@ sockets it applies to."""
 
 from __future__ import annotations
 
+import gc
 import struct
 import threading
+import time
 
 import pytest
 import zmq
@@ -46,14 +48,14 @@ def test_the_reply_and_output_sockets_are_bounded():
         assert sub.getsockopt(zmq.MAXMSGSIZE) == 5000
         # What the kernel sends is not ours to bound.
         assert pub.getsockopt(zmq.MAXMSGSIZE) == -1
-        # One context for the process; a later cluster's bound applies to its new sockets.
-        assert reply_limit.bounded_context(7000) is ctx
-        later = ctx.socket(zmq.DEALER)
+        # A context for each client: a later cluster's bound applies to its own.
+        other = reply_limit.bounded_context(7000)
+        assert other is not ctx
+        later = other.socket(zmq.DEALER)
         assert later.getsockopt(zmq.MAXMSGSIZE) == 7000
-        later.close(linger=0)
+        other.destroy(linger=0)
     finally:
-        for sock in (dealer, sub, pub):
-            sock.close(linger=0)
+        ctx.destroy(linger=0)
 
 
 class _Futures:
@@ -98,6 +100,7 @@ def test_a_reply_over_the_bound_never_reaches_the_dealer():
     finally:
         dealer.close(linger=0)
         router.close(linger=0)
+        ctx.destroy(linger=0)
 
 
 class _Client:
@@ -130,14 +133,14 @@ class _Client:
         self._closed = True
 
 
-def _carries_messages(ctx: zmq.Context) -> bool:
+def _carries_messages(ctx: zmq.Context, timeout_ms: int = 5_000) -> bool:
     """Whether ``ctx``'s I/O thread still moves a message from one socket to another."""
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     try:
         port = router.bind_to_random_port("tcp://127.0.0.1")
         dealer.connect(f"tcp://127.0.0.1:{port}")
         dealer.send(b"ping")
-        return bool(router.poll(5_000))
+        return bool(router.poll(timeout_ms))
     finally:
         dealer.close(linger=0)
         router.close(linger=0)
@@ -168,6 +171,72 @@ def test_a_stopped_watch_leaves_its_context_carrying_messages():
         if not client._closed:
             client.close(linger=0)
         ctx.destroy(linger=0)
+
+
+class _SlowClient(_Client):
+    """A client whose IO thread takes its time over the watched socket."""
+
+    @property
+    def _mux_socket(self):
+        if threading.current_thread() is getattr(self, "_io_thread", None):
+            time.sleep(0.5)
+        return self._sock
+
+    @_mux_socket.setter
+    def _mux_socket(self, sock):
+        self._sock = sock
+
+
+def test_a_watch_given_up_while_its_monitors_are_made_leaves_none_unread(monkeypatch):
+    # The caller stops waiting while the IO thread is making the monitors. Were they made
+    # and forgotten, their readers would be collected, and the next event (the peer going
+    # away) would block the context's I/O thread: every later client would wait forever.
+    monkeypatch.setattr(reply_limit, "_SETUP_WAIT_S", 0.1)
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    client = _SlowClient(ctx, port)
+    try:
+        watching = reply_limit.watch(client, 4096, lambda: True)
+        # Once the monitors are being made they are kept, and read.
+        assert watching is not None and len(watching.monitors) == 1
+        del watching
+        gc.collect()
+        peer.close(linger=0)
+        assert _carries_messages(ctx)
+        reply_limit.close_client(client)
+        assert _carries_messages(ctx)
+    finally:
+        if not client._closed:
+            client.close(linger=0)
+        ctx.destroy(linger=0)
+
+
+def test_a_client_whose_context_is_blocked_takes_only_itself_down():
+    # However a monitor is left without its reader, the blocked I/O thread is its own
+    # client's: closing that client ends the context (which frees the thread), and the
+    # next client, in a context of its own, carries messages.
+    ctx = reply_limit.bounded_context(4096)
+    peer = zmq.Context.instance().socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    client = _Client(ctx, port)
+    client._jaxsys_context = ctx
+    reader = client._mux_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    client._mux_socket.send(b"up")
+    assert peer.poll(10_000)  # connected: closing the peer now is a disconnect
+    reader.close(linger=0)
+    peer.close(linger=0)
+    deadline = time.monotonic() + 20
+    while _carries_messages(ctx, timeout_ms=500):
+        assert time.monotonic() < deadline, "the monitor's event never blocked the context"
+    started = time.monotonic()
+    reply_limit.close_client(client)
+    assert ctx.closed and time.monotonic() - started < reply_limit._CONTEXT_END_S
+    later = reply_limit.bounded_context(4096)
+    try:
+        assert _carries_messages(later)
+    finally:
+        later.destroy(linger=0)
 
 
 class _Loop:
