@@ -7,13 +7,16 @@ the run, and gives the ``ssh``/``scp`` options that reach them without any promp
 without touching the user's SSH configuration, agent or known-hosts file.
 
 The namespaces share this machine's filesystem, so what a command run over SSH sees (the
-virtual environment, the work folder) is the same as here; only the network differs.
+virtual environment, the work folder) is the same as here; only the network differs, and
+root's shell startup files, which the servers hide (see :func:`_hiding_startup_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -229,7 +232,9 @@ class SSHServers:
                 self._procs.append(
                     self.hosts.popen(
                         i,
-                        [str(SSHD), "-D", "-e", "-f", str(config)],
+                        _hiding_startup_files(
+                            [str(SSHD), "-D", "-e", "-f", str(config)], self.user, self.dir
+                        ),
                         timeout=self.timeout,
                         stdin=subprocess.DEVNULL,
                         stdout=out,
@@ -305,6 +310,33 @@ class SSHServers:
             Empty after a clean :meth:`close`.
         """
         return [pid for ns in self.hosts.namespaces for pid in _sshd_pids(ns)]
+
+
+# The files bash reads as it starts for a command run over SSH, or for a login.
+_STARTUP_FILES = (".bashrc", ".bash_profile", ".bash_login", ".profile")
+
+
+def _hiding_startup_files(argv: list[str], user: str, workdir: Path) -> list[str]:
+    """``argv`` run with ``user``'s shell startup files seen as empty, by it and its children.
+
+    bash runs ``~/.bashrc`` before every command that comes over SSH. On a machine where
+    that file hangs (a ``pyenv init`` waiting a minute on a rehash lock left by a killed
+    shell), no login would ever finish; and the tests kill the process groups of remote
+    commands, which can leave such a lock behind. ``ip netns exec`` gives the server a
+    mount namespace of its own, so an empty file is bind-mounted over each startup file
+    there only: a test host's root starts as a fresh machine's would, and this machine's
+    files are untouched. Commands over SSH name their programs by absolute paths.
+    """
+    home = Path(pwd.getpwnam(user).pw_dir)
+    present = [home / name for name in _STARTUP_FILES if (home / name).is_file()]
+    if not present:
+        return argv
+    empty = workdir / "empty-startup-file"
+    empty.write_text("")
+    mounts = "; ".join(
+        f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(f))}" for f in present
+    )
+    return ["sh", "-c", f'set -e; {mounts}; exec "$@"', "sh", *argv]
 
 
 def _keygen(path: Path) -> None:
