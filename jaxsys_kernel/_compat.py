@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
@@ -343,8 +344,11 @@ _JAX_DISPATCH_BEGIN = "\nDISTRIBUTED_DEBUG_BEGIN"
 _JAX_DISPATCH_FRAME = "_pjit_call_impl_python"
 
 
+@functools.lru_cache(maxsize=8)
 def jax_dispatch_unsupported(jax_version: str) -> str | None:
-    """None when JAX ``jax_version``'s dispatch records can be read, else why not."""
+    """None when JAX ``jax_version``'s dispatch records can be read, else why not.
+
+    Cached: every checked cell asks, with the version of the JAX its process runs."""
     if _version_tuple(jax_version)[:2] == JAX:
         return None
     return (

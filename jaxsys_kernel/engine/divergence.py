@@ -165,6 +165,7 @@ class Recorder:
         self._since: tuple = (lambda: None, None, 0.0)
         self._began = 0.0
         self._sampler: threading.Thread | None = None
+        self._clock: tuple = (None, lambda: None)  # (thread ident, its CPU clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         """A logger filter: record JAX's dispatch, and keep it out of the cell if ours."""
@@ -196,7 +197,10 @@ class Recorder:
         if self.ours:
             jax.config.update("jax_distributed_debug", True)
         self.active = True
-        clock = _thread_clock(self.thread)
+        # The clock of the cell's thread (almost always the same one) is looked up once.
+        if self._clock[0] != self.thread.ident:
+            self._clock = (self.thread.ident, _thread_clock(self.thread))
+        clock = self._clock[1]
         with self._lock:
             self._cell += 1
             self._began = time.monotonic()

@@ -20,6 +20,7 @@ Registered hooks: ``thread_guard`` (:mod:`.guards`), ``divergence`` (:mod:`.dive
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
@@ -105,13 +106,20 @@ def parse(raw_cell: str) -> tuple[dict[str, dict], str]:
     if not raw_cell.startswith(MARKER):
         return {}, raw_cell
     first, _, rest = raw_cell.partition("\n")
+    # Copies: a hook may change the options it is given, never the cached ones.
+    return {name: dict(options) for name, options in _read_marker(first).items()}, rest
+
+
+@functools.lru_cache(maxsize=32)
+def _read_marker(first: str) -> dict[str, dict]:
+    # Cached: the kernel sends the same few marker lines cell after cell.
     try:
         hooks = json.loads(first[len(MARKER) :])
     except ValueError as e:
         raise EngineError(f"the cell's hook line is not JSON ({e}): {first!r}") from None
     if not isinstance(hooks, dict) or not all(isinstance(v, dict) for v in hooks.values()):
         raise EngineError(f"the cell's hook line must map names to option dicts: {first!r}")
-    return hooks, rest
+    return hooks
 
 
 def arm_next(hooks: dict[str, dict]) -> bool:
