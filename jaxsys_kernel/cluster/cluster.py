@@ -309,6 +309,8 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         if self.world.spare_world is not None:
             self.world.spare_world.forget()
         self.state = "stopped"
+        # No process is left for the loop thread to keep alive (see loop.py).
+        self._end_loop_when_idle()
         return took
 
     def __enter__(self) -> Cluster:
@@ -353,6 +355,16 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
                 f"the {self.launcher} launcher cannot restart a single process (that needs "
                 f"{able}): restart the whole world"
             )
+
+    def _after_call(self) -> None:
+        # A start that failed tore the cluster down on the loop itself, where the loop
+        # could not end: it ends now that the start is over.
+        if self.state == "stopped":
+            self._end_loop_when_idle()
+
+    def _loop_ended(self) -> None:
+        # Made on the loop that ends: a later start makes its own on the next loop.
+        self._ops = None
 
     def _one_operation(self) -> asyncio.Lock:
         """The lock that orders start and restarts: a restart clicked in the sidebar (on

@@ -1,9 +1,11 @@
 """Async-first objects: coroutines that run on a private event-loop thread, with generated
 blocking twins, and progress reported on the thread that asked.
 
-The loop thread lives as long as its object. Everything that launches processes runs there,
-because the parent-death signal of an engine fires when the *thread* that launched it exits
-(see ``profile.py``). Progress events are queued by that thread and rendered by the caller,
+The loop thread lives while its object has work that may need it: everything that launches
+processes runs there, because the parent-death signal of an engine fires when the *thread*
+that launched it exits (see ``profile.py``). An object whose processes are all gone (a
+stopped cluster) ends its thread once nothing runs on it, and makes a new one if asked to
+work again, so that a kernel starting cluster after cluster keeps no thread for each. Progress events are queued by that thread and rendered by the caller,
 so a progress bar lands in the notebook cell that asked for the work.
 """
 
@@ -49,6 +51,10 @@ class AsyncFirst:
         self._progress_q: queue.SimpleQueue[ProgressEvent] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        # Held while work is handed to the loop and while the loop decides to end, so that
+        # nothing is handed to a loop that is ending; work handed over is counted.
+        self._loop_lock = threading.Lock()
+        self._handed = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -71,6 +77,7 @@ class AsyncFirst:
                 asyncio.set_event_loop(loop)
                 loop.call_soon(started.set)
                 loop.run_forever()
+                loop.close()
 
             # Must outlive every engine: the parent-death signal fires when this thread ends.
             t = threading.Thread(target=main, name="jaxsys-cluster-loop", daemon=True)
@@ -83,7 +90,55 @@ class AsyncFirst:
         return self._loop
 
     def _submit(self, coro: Coroutine) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+        with self._loop_lock:
+            self._handed += 1
+            return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    def _end_loop_when_idle(self) -> None:
+        """End the loop thread if nothing runs on it by the time it looks (else keep it).
+
+        Safe from any thread, the loop's own included. Only for an object none of whose
+        processes is left: the thread's end fires the parent-death signal of every process
+        it launched."""
+        with self._loop_lock:
+            loop, handed = self._loop, self._handed
+        if loop is None or loop.is_closed():
+            return
+
+        def idle() -> bool:
+            # On the loop, between callbacks: a task still pending is work under way, and
+            # work handed over since the request may not have become a task yet.
+            busy = any(not t.done() for t in asyncio.all_tasks(loop))
+            return not busy and self._handed == handed and self._loop is loop
+
+        def end_if_still_idle() -> None:
+            with self._loop_lock:
+                if not idle():
+                    return
+                self._loop = self._loop_thread = None
+                self._loop_ended()
+            loop.stop()
+
+        def end_if_idle() -> None:
+            # A task that has just ended hands its result to its caller in callbacks queued
+            # behind this one; a stop now would drop them, and the caller would wait for
+            # good. The end is decided again behind them.
+            with self._loop_lock:
+                if idle():
+                    loop.call_soon(end_if_still_idle)
+
+        try:
+            loop.call_soon_threadsafe(end_if_idle)
+        except RuntimeError:
+            pass  # closed meanwhile
+
+    def _loop_ended(self) -> None:
+        """Called (on the loop, under its lock) as the loop thread ends: forget what was
+        bound to that loop. Subclasses extend it."""
+
+    def _after_call(self) -> None:
+        """Called on the caller's thread once a coroutine it asked for has ended. Subclasses
+        end the loop here (:meth:`_end_loop_when_idle`) when it has nothing left to keep."""
 
     def _run_sync(self, coro: Coroutine) -> Any:
         fut = self._submit(coro)
@@ -107,6 +162,7 @@ class AsyncFirst:
             raise
         finally:
             finish_progress()
+            self._after_call()
 
     async def _run_async(self, coro: Coroutine) -> Any:
         fut = asyncio.wrap_future(self._submit(coro))
@@ -117,6 +173,7 @@ class AsyncFirst:
             return fut.result()
         finally:
             finish_progress()
+            self._after_call()
 
     # -- progress --------------------------------------------------------------------------
 

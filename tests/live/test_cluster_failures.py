@@ -5,6 +5,8 @@ No module-wide cluster here, so the census after each test sees only that test's
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from jaxsys_kernel import Cluster, ClusterStartError
@@ -29,17 +31,30 @@ def test_failed_join_names_the_process(tag):
     assert not wait_no_processes(tag, timeout=10)
 
 
+def _thread_gone(thread, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_engine_dying_before_registration_is_named(tag):
     # A wrong parent pid makes the engine's start-up guard exit at once.
     c = Cluster(
         hosts=2,
         devices_per_host=1,
         process_env={0: {"JAXSYS_PARENT_PID": "1"}},
-        progress=lambda e: None,
+        progress=lambda e: loop_threads.append(c._loop_thread),
     )
+    loop_threads: list = []
     with pytest.raises(ClusterStartError, match="process 0 exited with code 1"):
         c.start_sync()
     assert not wait_no_processes(tag, timeout=10)
+    # Nothing of the failed start is left in the kernel: the cluster's loop thread ends
+    # (and the next cluster of this process starts: the test after this one).
+    assert loop_threads and _thread_gone(loop_threads[0]), "the loop thread is still running"
 
 
 def test_progress_reports_each_stage(tag):
@@ -47,8 +62,11 @@ def test_progress_reports_each_stage(tag):
     c = Cluster(hosts=2, devices_per_host=1, progress=events.append)
     try:
         c.start_sync()
+        loop_thread = c._loop_thread
     finally:
         c.kill()
+    # A stopped cluster keeps no thread in the kernel.
+    assert _thread_gone(loop_thread), "the stopped cluster's loop thread is still running"
     stages = [(e.stage, e.done, e.total) for e in events]
     assert ("engines registered", 2, 2) in stages
     assert ("processes initialised", 2, 2) in stages
