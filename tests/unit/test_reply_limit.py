@@ -133,14 +133,14 @@ class _Client:
         self._closed = True
 
 
-def _carries_messages(ctx: zmq.Context, timeout_ms: int = 5_000) -> bool:
+def _carries_messages(ctx: zmq.Context) -> bool:
     """Whether ``ctx``'s I/O thread still moves a message from one socket to another."""
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     try:
         port = router.bind_to_random_port("tcp://127.0.0.1")
         dealer.connect(f"tcp://127.0.0.1:{port}")
         dealer.send(b"ping")
-        return bool(router.poll(timeout_ms))
+        return bool(router.poll(5_000))
     finally:
         dealer.close(linger=0)
         router.close(linger=0)
@@ -176,15 +176,33 @@ def test_a_stopped_watch_leaves_its_context_carrying_messages():
 class _SlowClient(_Client):
     """A client whose IO thread takes its time over the watched socket."""
 
+    entered = threading.Event()
+
     @property
     def _mux_socket(self):
         if threading.current_thread() is getattr(self, "_io_thread", None):
+            self.entered.set()
             time.sleep(0.5)
         return self._sock
 
     @_mux_socket.setter
     def _mux_socket(self, sock):
         self._sock = sock
+
+
+class _MakingFirst:
+    """An IO loop whose ``add_callback`` returns once the callback has begun, so that the
+    caller's wait starts while the monitors are being made, however loaded the machine."""
+
+    def __init__(self, loop, entered: threading.Event):
+        self._loop, self._entered = loop, entered
+
+    def add_callback(self, fn, *args):
+        self._loop.add_callback(fn, *args)
+        assert self._entered.wait(10)
+
+    def __getattr__(self, name):
+        return getattr(self._loop, name)
 
 
 def test_a_watch_given_up_while_its_monitors_are_made_leaves_none_unread(monkeypatch):
@@ -196,6 +214,8 @@ def test_a_watch_given_up_while_its_monitors_are_made_leaves_none_unread(monkeyp
     peer = ctx.socket(zmq.ROUTER)
     port = peer.bind_to_random_port("tcp://127.0.0.1")
     client = _SlowClient(ctx, port)
+    client.entered = threading.Event()
+    client._io_loop = _MakingFirst(client._io_loop, client.entered)
     try:
         watching = reply_limit.watch(client, 4096, lambda: True)
         # Once the monitors are being made they are kept, and read.
@@ -221,13 +241,26 @@ def test_a_client_whose_context_is_blocked_takes_only_itself_down():
     port = peer.bind_to_random_port("tcp://127.0.0.1")
     client = _Client(ctx, port)
     client._jaxsys_context = ctx
-    reader = client._mux_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    # Every event, so that they go on coming (the DEALER tries to connect again every
+    # 0.1 s): the first sent after the closed reader's pipe is gone blocks the thread.
+    reader = client._mux_socket.get_monitor_socket(zmq.EVENT_ALL)
     client._mux_socket.send(b"up")
     assert peer.poll(10_000)  # connected: closing the peer now is a disconnect
+    # One pair of probe sockets, made while the context works: sockets made or closed in a
+    # blocked context keep their file descriptors, so a new pair per look would pile up.
+    probe_in, probe_out = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    probe_out.connect(f"tcp://127.0.0.1:{probe_in.bind_to_random_port('tcp://127.0.0.1')}")
+    probe_out.send(b"ping")
+    assert probe_in.poll(10_000)
+    probe_in.recv_multipart()
     reader.close(linger=0)
     peer.close(linger=0)
     deadline = time.monotonic() + 20
-    while _carries_messages(ctx, timeout_ms=500):
+    while True:
+        probe_out.send(b"ping")
+        if not probe_in.poll(500):
+            break  # blocked
+        probe_in.recv_multipart()
         assert time.monotonic() < deadline, "the monitor's event never blocked the context"
     started = time.monotonic()
     reply_limit.close_client(client)
