@@ -5,8 +5,9 @@ The loop thread lives while its object has work that may need it: everything tha
 processes runs there, because the parent-death signal of an engine fires when the *thread*
 that launched it exits (see ``profile.py``). An object whose processes are all gone (a
 stopped cluster) ends its thread once nothing runs on it, and makes a new one if asked to
-work again, so that a kernel starting cluster after cluster keeps no thread for each. Progress events are queued by that thread and rendered by the caller,
-so a progress bar lands in the notebook cell that asked for the work.
+work again, so that a kernel starting cluster after cluster keeps no thread for each.
+Progress events are queued by that thread and rendered by the caller, so a progress bar
+lands in the notebook cell that asked for the work.
 """
 
 from __future__ import annotations
