@@ -165,7 +165,7 @@ class Recorder:
         self._since: tuple = (lambda: None, None, 0.0)
         self._began = 0.0
         self._sampler: threading.Thread | None = None
-        self._clock: tuple = (None, lambda: None)  # (thread ident, its CPU clock)
+        self._clock: tuple = (None, lambda: None)  # (thread, its CPU clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         """A logger filter: record JAX's dispatch, and keep it out of the cell if ours."""
@@ -198,8 +198,9 @@ class Recorder:
             jax.config.update("jax_distributed_debug", True)
         self.active = True
         # The clock of the cell's thread (almost always the same one) is looked up once.
-        if self._clock[0] != self.thread.ident:
-            self._clock = (self.thread.ident, _thread_clock(self.thread))
+        # Keyed by the thread itself: a later thread may get a dead one's ident.
+        if self._clock[0] is not self.thread:
+            self._clock = (self.thread, _thread_clock(self.thread))
         clock = self._clock[1]
         with self._lock:
             self._cell += 1

@@ -11,10 +11,6 @@ from jaxsys_kernel import Cluster
 from jaxsys_kernel.cluster.loop import AsyncFirst
 
 
-def _loop_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "jaxsys-cluster-loop"]
-
-
 def _wait(condition, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -101,10 +97,14 @@ def test_work_handed_over_while_the_loop_decides_is_never_lost():
     assert _wait(lambda: not any(t.is_alive() for t in set(results)))
 
 
+async def _current_thread() -> threading.Thread:
+    return threading.current_thread()
+
+
 def test_a_stopped_cluster_keeps_no_loop_thread():
-    before = len(_loop_threads())
     c = Cluster(hosts=1, progress=lambda e: None)
     # A call on a cluster that is not running: its loop is made, then ends with the call.
-    c._run_sync(asyncio.sleep(0))
-    assert _wait(lambda: len(_loop_threads()) == before), "the stopped cluster kept its loop"
+    thread = c._run_sync(_current_thread())
+    assert thread.name == "jaxsys-cluster-loop"
+    assert _wait(lambda: not thread.is_alive()), "the stopped cluster kept its loop"
     assert c.state == "stopped"
