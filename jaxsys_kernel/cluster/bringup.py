@@ -20,7 +20,7 @@ from ..telemetry.hub import TelemetryHub
 from . import security
 from .profile import controller_file, engine_file, make_profile
 from .records import ClusterStartError, ProcessInfo
-from .teardown import sub_launchers
+from .teardown import controller_ended, sub_launchers
 
 # Seconds to collect the other processes' errors once one has failed to initialise.
 ERROR_GATHER_S = 1.0
@@ -90,12 +90,14 @@ def _signal_named(code) -> str:
 
 def controller_failure(world) -> str | None:
     """Why the ipyparallel controller is no longer running, or None if it is."""
-    ipp = world.ipp
-    ctl = getattr(ipp, "controller", None)
-    if ctl is None or getattr(ctl, "state", "") != "after":
+    ctl = getattr(world.ipp, "controller", None)
+    if ctl is None or not controller_ended(world):
         return None
     code = (getattr(ctl, "stop_data", None) or {}).get("exit_code")
     who = f"the ipyparallel controller (pid {getattr(ctl, 'pid', '?')})"
+    if getattr(ctl, "state", "") != "after":
+        # Its pid is gone and the launcher has not yet heard how it ended.
+        return f"{who} has ended; no engine can join without it: start a new cluster with %jaxsys start"
     if isinstance(code, int) and code < 0:
         # Killed from outside: its log is ordinary traffic and says nothing of why.
         try:

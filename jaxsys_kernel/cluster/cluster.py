@@ -428,7 +428,4 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
 def _controller_gone(world) -> bool:
     """Whether the cluster's controller has ended (as its launcher knows, or its pid shows
     first: it has just been killed)."""
-    if bringup.controller_failure(world) is not None:
-        return True
-    pid = getattr(getattr(world.ipp, "controller", None), "pid", None)
-    return isinstance(pid, int) and pid > 1 and not pid_alive(pid)
+    return teardown.controller_ended(world)

@@ -236,11 +236,29 @@ async def kill_world(world) -> None:
     await unregister(world, old_ids)
 
 
+def controller_ended(world) -> bool:
+    """Whether the cluster's controller has ended, as its launcher knows or, just after a
+    kill, as its pid already shows."""
+    ctl = getattr(world.ipp, "controller", None)
+    if ctl is None:
+        return False
+    if getattr(ctl, "state", "") == "after":
+        return True
+    pid = getattr(ctl, "pid", None)
+    return isinstance(pid, int) and pid > 1 and not pid_alive(pid)
+
+
 async def wait_dropped(world, engine_ids: set[int], timeout: float) -> None:
-    """Wait (bounded, with progress) until the hub has dropped these engines."""
+    """Wait (bounded, with progress) until the hub has dropped these engines.
+
+    A dead controller drops nothing: the wait then ends at once, and what comes next (the
+    new world's registration) says that the controller died.
+    """
     client, total, said = world.client, len(engine_ids), None
     deadline = time.monotonic() + timeout
     while (left := engine_ids & set(client.ids)) and time.monotonic() < deadline:
+        if controller_ended(world):
+            return
         if len(left) != said:  # said when it changes, not at every look
             said = len(left)
             world.report("old processes unregistered", total - said, total)

@@ -270,7 +270,8 @@ def _controller_reported_or_survived(k: Kernel, pid: int) -> None:
         return
     said = _error_text(out)
     assert f"controller (pid {pid})" in said and "%jaxsys start" in said, said
-    assert took < 10, f"the restart took {took:.1f} s to find the controller dead"
+    # 0.2 s here; waiting for a dead hub to drop the old engines took 5 s more.
+    assert took < 4, f"the restart took {took:.1f} s to find the controller dead"
     out = k.execute(START)
     assert out.status == "ok", _error_text(out)
     _ranks_ok(k)
