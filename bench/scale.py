@@ -13,7 +13,10 @@ of devices takes no part in start-up or dispatch), a fresh local cluster is star
    memory dropped by from before the start until ready, per process;
 3. **cell**: the round trip of a trivial cell (``x = 1``) through jaxsys's executor, median
    of a few after one warm-up;
-4. **restart**: seconds for a world restart (every process replaced and re-initialised).
+4. **restart**: seconds for a world restart (every process replaced and re-initialised);
+5. **idle CPU**: what the processes and the controller use while no cell runs, in
+   milliseconds of CPU per second (per process, and the controller's processes together),
+   over :data:`IDLE_WINDOW_S` after the first cell.
 
 The growth per added process is the least-squares slope of each figure over N. Then, at
 ``--dispatch-at`` processes (32), ``%%multihost`` against ipyparallel's ``%%px`` on the same
@@ -53,6 +56,8 @@ IDLE_PROCESS_BYTES = 260e6
 # Headroom left for the kernel, the controller and everything else on the machine.
 HEADROOM_BYTES = 2e9
 TRIVIAL_CELL = "x = 1"
+# Seconds over which idle CPU is measured.
+IDLE_WINDOW_S = 3.0
 
 
 class Quiet(executor.Sink):
@@ -96,6 +101,7 @@ def measure(n: int, reps: int) -> dict:
         # pages shared between forked processes counted once.
         used = available - psutil.virtual_memory().available
         executor.raise_for_run(executor.execute(cluster, TRIVIAL_CELL, sink=Quiet()))
+        idle_engine, idle_controller = idle_cpu(cluster)
         cells = []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -113,9 +119,35 @@ def measure(n: int, reps: int) -> dict:
             "pss_mean": statistics.mean(pss) if pss else float("nan"),
             "used_per_process": used / n,
             "deadline": cluster.register_timeout,
+            "idle_engine": idle_engine,
+            "idle_controller": idle_controller,
         }
     finally:
         cluster.stop_sync()
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def idle_cpu(cluster) -> tuple[float, float]:
+    """Milliseconds of CPU a second, while idle: per process, and the controller's."""
+    engines = [psutil.Process(p.pid) for p in cluster.processes if p.pid]
+    ctl = psutil.Process(cluster.world.ipp.controller.process.pid)
+    controller = [ctl, *ctl.children(recursive=True)]
+    e0, c0, t0 = _cpu_seconds(engines), _cpu_seconds(controller), time.perf_counter()
+    print(f"    idle CPU: measuring for {IDLE_WINDOW_S:g} s", flush=True)
+    time.sleep(IDLE_WINDOW_S)  # the window itself is what is measured
+    dt = time.perf_counter() - t0
+    per_engine = (_cpu_seconds(engines) - e0) / dt / max(1, len(engines)) * 1e3
+    return per_engine, (_cpu_seconds(controller) - c0) / dt * 1e3
 
 
 def proportional_sizes(pids: list[int]) -> list[int]:
@@ -158,7 +190,8 @@ def dispatch_ratio(n: int, reps: int) -> float | None:
 def print_table(results: list[dict]) -> None:
     header = (
         f"{'n':>4} {'ready s':>8} {'restart s':>9} {'cell ms':>8} "
-        f"{'RSS MB':>7} {'PSS MB':>7} {'used MB':>8} {'GB RSS':>7} {'deadline s':>10}"
+        f"{'RSS MB':>7} {'PSS MB':>7} {'used MB':>8} {'GB RSS':>7} {'deadline s':>10} "
+        f"{'idle ms/s':>9} {'ctl ms/s':>8}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
@@ -166,7 +199,7 @@ def print_table(results: list[dict]) -> None:
             f"{r['n']:>4} {r['ready']:>8.1f} {r['restart']:>9.1f} {r['cell'] * 1e3:>8.1f} "
             f"{r['rss_mean'] / 1e6:>7.0f} {r['pss_mean'] / 1e6:>7.0f} "
             f"{r['used_per_process'] / 1e6:>8.0f} {r['rss_total'] / 1e9:>7.1f} "
-            f"{r['deadline']:>10.0f}"
+            f"{r['deadline']:>10.0f} {r['idle_engine']:>9.2f} {r['idle_controller']:>8.1f}"
         )
     for key, unit, scale in (("ready", "s", 1), ("restart", "s", 1), ("cell", "ms", 1e3)):
         per = slope([(r["n"], r[key] * scale) for r in results])
