@@ -90,24 +90,22 @@ def _signal_named(code) -> str:
 
 def controller_failure(world) -> str | None:
     """Why the ipyparallel controller is no longer running, or None if it is."""
-    ctl = getattr(world.ipp, "controller", None)
-    if ctl is None or not controller_ended(world):
+    if not controller_ended(world):
         return None
+    ctl = world.ipp.controller
     code = (getattr(ctl, "stop_data", None) or {}).get("exit_code")
     who = f"the ipyparallel controller (pid {getattr(ctl, 'pid', '?')})"
+    join = "no engine can join without it: start a new cluster with %jaxsys start"
     if getattr(ctl, "state", "") != "after":
         # Its pid is gone and the launcher has not yet heard how it ended.
-        return f"{who} has ended; no engine can join without it: start a new cluster with %jaxsys start"
+        return f"{who} has ended; {join}"
     if isinstance(code, int) and code < 0:
         # Killed from outside: its log is ordinary traffic and says nothing of why.
         try:
             how = signal.Signals(-code).name
         except ValueError:
             how = f"signal {-code}"
-        return (
-            f"{who} was killed by {how}; no engine can join without it: "
-            "start a new cluster with %jaxsys start"
-        )
+        return f"{who} was killed by {how}; {join}"
     return f"{who} exited (code {code}); its output ends with:\n{output_tail(ctl)}"
 
 

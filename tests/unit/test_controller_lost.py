@@ -3,6 +3,7 @@ and the reason says that cells still run, that no process can come back, and wha
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -13,8 +14,10 @@ pytestmark = pytest.mark.unit
 
 
 def _cluster(controller_state: str = "running", exit_code=None, ranks=(0, 1)):
+    # A running controller's pid is a live process's (a gone pid is an ended controller).
+    pid = 4321 if controller_state == "after" else os.getpid()
     controller = types.SimpleNamespace(
-        state=controller_state, pid=4321, stop_data={"exit_code": exit_code}
+        state=controller_state, pid=pid, stop_data={"exit_code": exit_code}
     )
     world = types.SimpleNamespace(ipp=types.SimpleNamespace(controller=controller))
     processes = [types.SimpleNamespace(rank=r, state="alive") for r in ranks]
