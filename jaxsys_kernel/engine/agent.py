@@ -61,6 +61,9 @@ class Agent:
         self.incarnation = incarnation
         self.interval = interval
         self.busy = False
+        # Whether the last heartbeat sent said busy (see _cell_started).
+        self._said_busy = False
+        self._beat_lock = threading.Lock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hooked = False
@@ -166,15 +169,26 @@ class Agent:
         self._hooked = True
 
     def _cell_started(self, *args) -> None:
+        # Before the cell's code runs, the last beat sent says busy: were the cell to hold
+        # the GIL from its first line, the beats stop there and the kernel shows the
+        # process stuck, not dead. Back-to-back cells send it once, not once each.
         self.busy = True
-        self._heartbeat()
+        self._heartbeat(unless_said_busy=True)
 
     def _cell_finished(self, *args) -> None:
+        # Said by the next periodic beat (within one interval), not now: a beat per cell
+        # from every process cost a trivial cell at 64 processes about a tenth of its time.
         self.busy = False
-        self._heartbeat()
 
-    def _heartbeat(self) -> None:
-        self.send(schema.HEARTBEAT, busy=self.busy, devices=_local_device_ids())
+    def _heartbeat(self, unless_said_busy: bool = False) -> None:
+        # The flag is read and sent, and what was sent noted, in one step: a cell starting
+        # meanwhile either is in this beat or sees that the beat said idle.
+        with self._beat_lock:
+            busy = self.busy
+            if unless_said_busy and busy and self._said_busy:
+                return
+            self.send(schema.HEARTBEAT, busy=busy, devices=_local_device_ids())
+            self._said_busy = busy
 
     def _beat(self) -> None:
         cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")

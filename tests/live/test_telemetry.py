@@ -68,7 +68,10 @@ def test_busy_flag_follows_cells(cached_cluster):
     finally:
         unsubscribe()
     assert [True, True] in seen_busy
-    time.sleep(0.3)
+    # The end of a cell is said by the next periodic beat, within one interval (1 s).
+    deadline = time.monotonic() + 3 * hub.interval
+    while any(lv.busy for lv in hub.liveness()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [lv.busy for lv in hub.liveness()] == [False, False]
 
 
