@@ -203,8 +203,6 @@ def test_engine_arguments(tmp_path):
     args = local.engine_args(1, EngineContext(profile=tmp_path))
     assert "--IPEngine.id=1" in args and "--IPEngine.enable_nanny=False" in args
     assert f"--IPEngine.url_file={tmp_path / contract.ENGINE_CONNECTION_FILE}" in args
-    # A local engine does not watch the controller's heartbeats (its lifeline ends it).
-    assert "--IPEngine.max_heartbeat_misses=0" in args
     ssh = make_launcher(ClusterConfig(hosts=["a"], launcher="ssh"))
     assert ssh.nanny_args() == ["--IPEngine.max_heartbeat_misses=20"]
     assert not any(

@@ -111,10 +111,6 @@ class LocalLauncher(KeepsHosts, Launcher):
         return [
             *super().engine_args(rank, ctx, engine_id),
             f"--IPEngine.url_file={engine_file(ctx.profile)}",
-            # A local engine leaves with its owner by its lifeline, not by missed controller
-            # heartbeats. Watching those woke its main thread (in Python) at every one,
-            # 4 times a second: 1.6-1.8 ms of CPU a second per idle engine, measured.
-            "--IPEngine.max_heartbeat_misses=0",
         ]
 
     async def launch(self, ctx: EngineContext, report: Callable[[str, int, int], None]) -> None:
