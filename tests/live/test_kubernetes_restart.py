@@ -65,6 +65,16 @@ def _running(mark: str) -> list[int]:
     return found
 
 
+def _ended(mark: str, within: float = 10.0) -> list[int]:
+    """The ``sleep MARK`` processes still running after up to ``within`` s. A restart from
+    the standby does not wait for the pods: each ends its old engine (and its group) when it
+    next reads the Secret, on its own poll."""
+    deadline = time.monotonic() + within
+    while (left := _running(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def _pod_uids(k8s) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in k8s.api.list("Pod", "default")}
 
@@ -107,7 +117,7 @@ def test_a_restart_runs_the_next_world_in_the_same_pods(k8s, tag):
         assert f"Kubernetes world {world}: a new world in its 2 living pods" in out.progress
         _next_world_in_the_same_pods(k, k8s, world, pods, first)
         # What the old engines' cells started ended with them.
-        assert _running(mark) == []
+        assert _ended(mark) == []
         k.ok("%jaxsys stop")
         _nothing_left(k8s, tag, k.pid, DRAIN_S)
         print(f"start, cell, restart ({took:.1f} s), cell, stop: {time.monotonic() - t0:.1f} s")
@@ -132,7 +142,7 @@ def test_a_restart_takes_over_the_standby_engine_booted_in_each_pod(k8s, tag):
         assert "(2 from the standby)" in out.stdout, out.stdout
         assert "living pods" not in out.progress, out.progress
         second = _next_world_in_the_same_pods(k, k8s, world, pods, first)
-        assert _running(mark1) == []
+        assert _ended(mark1) == []
         # The pods boot the next standby; the engines that took over serve until the next
         # restart, which ends them (and what their cells started) in turn.
         k.ok(CHILD_CELL.format(mark=(mark2 := f"602.{k.pid}")))
@@ -141,7 +151,7 @@ def test_a_restart_takes_over_the_standby_engine_booted_in_each_pod(k8s, tag):
         out = k.ok("%jaxsys restart", timeout=60)
         assert "(2 from the standby)" in out.stdout, out.stdout
         _next_world_in_the_same_pods(k, k8s, world, pods, second)
-        assert _running(mark2) == []
+        assert _ended(mark2) == []
         k.ok("%jaxsys stop")
         _nothing_left(k8s, tag, k.pid, DRAIN_S)
     finally:
