@@ -16,6 +16,7 @@ from IPython.testing import globalipapp
 
 from .harness import TAG_VAR, kernel_with_cluster, new_tag, wait_no_processes
 from .process_guard import NoProcesses
+from .timing import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 - hooks
 
 #: The folders under tests/ that hold test files; each is also the marker of its tests.
 KINDS = ("unit", "live", "browser")
