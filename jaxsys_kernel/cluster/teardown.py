@@ -183,7 +183,7 @@ def kill(world) -> float:
     client, world.client, world.view = world.client, None, None
     if client is not None:
         try:
-            reply_limit.close_client(client)
+            reply_limit.close_client(client, client_end_wait(world))
         except Exception:  # noqa: BLE001 - the client may already be half-closed
             pass
     killpg_all(pids, engine_start_times(world.processes))
@@ -234,6 +234,12 @@ async def kill_world(world) -> None:
         await wait_dropped(world, old_ids, NANNY_WAIT_S)
     # Without this the hub frees the ids only after missed heartbeats, seconds later.
     await unregister(world, old_ids)
+
+
+def client_end_wait(world) -> float | None:
+    """How long closing the world's client waits for its context to end: briefly once the
+    controller has ended (nothing is left to deliver), else as long as it takes by default."""
+    return reply_limit.CONTEXT_END_DEAD_S if controller_ended(world) else None
 
 
 def controller_ended(world) -> bool:

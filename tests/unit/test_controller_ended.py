@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from jaxsys_kernel.cluster import reply_limit
 from jaxsys_kernel.cluster.bringup import controller_failure
-from jaxsys_kernel.cluster.teardown import controller_ended, wait_dropped
+from jaxsys_kernel.cluster.teardown import client_end_wait, controller_ended, wait_dropped
 
 
 def _free_pid() -> int:
@@ -71,3 +72,8 @@ def test_waiting_for_a_live_hub_that_drops_nothing_runs_to_its_bound():
     t0 = time.monotonic()
     asyncio.run(wait_dropped(world, {0, 1}, timeout=0.3))
     assert time.monotonic() - t0 >= 0.3
+
+
+def test_the_client_of_an_ended_controller_is_not_waited_for():
+    assert client_end_wait(_world(_free_pid())) == reply_limit.CONTEXT_END_DEAD_S
+    assert client_end_wait(_world(os.getpid())) is None  # the default wait

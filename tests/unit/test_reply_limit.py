@@ -291,6 +291,28 @@ def _event(kind: int) -> list[bytes]:
     return [struct.pack("=hi", kind, 0), b"tcp://127.0.0.1:5555"]
 
 
+def test_a_context_that_does_not_end_is_waited_for_only_as_long_as_asked(caplog):
+    # A socket pyzmq does not track is never closed by ending the context: the end waits.
+    ctx = reply_limit.bounded_context(4096)
+    stuck = zmq.Socket(ctx, zmq.DEALER)
+    peer = zmq.Context.instance().socket(zmq.ROUTER)
+    client = _Client(ctx, peer.bind_to_random_port("tcp://127.0.0.1"))
+    client._jaxsys_context = ctx
+    try:
+        started = time.monotonic()
+        reply_limit.close_client(client, wait=0.3)
+        took = time.monotonic() - started
+        assert 0.3 <= took < 2.0, took
+        assert "did not end within 0.3 s" in caplog.text
+    finally:
+        stuck.close(linger=0)  # the context ends now, on its thread
+        peer.close(linger=0)
+    deadline = time.monotonic() + 10
+    while not ctx.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ctx.closed
+
+
 def test_a_lost_output_channel_is_remade_at_once_and_outputs_end_once_it_is_up():
     client = _output_client()
     lost = {}
