@@ -38,6 +38,12 @@ from .state import STATE
 MIME = hooks.RECORD_MIME
 # Seconds between two looks at where the main thread is.
 SAMPLE = 0.25
+# Seconds into a cell before the first look. A look is read only to tell a stuck process
+# from a late one, a second after the others arrived (the kernel's WINDOW in
+# cells/divergence.py), so one at half that is in time; each look sends the kernel a
+# message through the controller, and at 64 processes on 2 cores, where a trivial cell
+# takes about 0.25 s, a first look at SAMPLE sent one per process for most trivial cells.
+FIRST_LOOK = 0.5
 # Below this share of CPU time over one sample, the main thread counts as idle.
 IDLE_SHARE = 0.05
 # What one record carries at most: characters of a name, argument or sharding, and items
@@ -245,12 +251,12 @@ class Recorder:
                 cell, last = None, None
                 self._running.wait()
             with self._lock:
-                # A cell is first looked at SAMPLE seconds in, then every SAMPLE seconds.
-                due = max(self._began, looked) + SAMPLE
+                # A cell is first looked at FIRST_LOOK seconds in, then every SAMPLE seconds.
+                due = max(self._began + FIRST_LOOK, looked + SAMPLE)
             time.sleep(max(0.0, due - time.monotonic()))
             with self._lock:
                 t = time.monotonic()
-                if not self._running.is_set() or t - self._began < SAMPLE:
+                if not self._running.is_set() or t - self._began < FIRST_LOOK:
                     continue  # the cell ended, or another began while this look was due
                 if self._cell != cell:
                     cell, last = self._cell, None

@@ -108,11 +108,11 @@ def test_one_sampler_serves_every_cell_and_looks_only_while_one_runs(monkeypatch
         rec.start()
         rec.stop()
     assert len(_samplers()) == before + 1 and seen == []
-    # A cell that sits still is looked at once SAMPLE seconds have passed, not before.
+    # A cell that sits still is looked at once FIRST_LOOK seconds have passed, not before.
     began = time.monotonic()
     rec.start()
     assert _wait_for(lambda: seen, 5.0)
-    assert time.monotonic() - began >= divergence.SAMPLE
+    assert time.monotonic() - began >= divergence.FIRST_LOOK
     assert seen[0]["kind"] == "where" and seen[0]["idle"] is True, seen
     rec.stop()
     # Once the cell ended nothing more is published, through two of the sampler's looks.
