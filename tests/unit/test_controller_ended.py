@@ -8,22 +8,11 @@ import os
 import time
 from types import SimpleNamespace
 
-import psutil
-import pytest
-
 from jaxsys_kernel.cluster import reply_limit
 from jaxsys_kernel.cluster.bringup import controller_failure
 from jaxsys_kernel.cluster.teardown import client_end_wait, controller_ended, wait_dropped
 
-
-def _free_pid() -> int:
-    """A pid no process holds now."""
-    with open("/proc/sys/kernel/pid_max") as f:
-        top = int(f.read())
-    for pid in range(top - 1, top - 10_000, -1):
-        if not psutil.pid_exists(pid):
-            return pid
-    pytest.skip("no free pid near pid_max")
+from .free_pid import free_pid
 
 
 def _world(pid: int, state: str = "running", stop_data=None, ids=(0, 1)):
@@ -42,7 +31,7 @@ def test_a_running_controller_has_not_ended():
 
 
 def test_a_controller_whose_pid_is_gone_has_ended_before_its_launcher_knows():
-    pid = _free_pid()
+    pid = free_pid()
     world = _world(pid)
     assert controller_ended(world)
     said = controller_failure(world)
@@ -50,7 +39,7 @@ def test_a_controller_whose_pid_is_gone_has_ended_before_its_launcher_knows():
 
 
 def test_the_launchers_word_on_how_it_ended_is_used_once_it_has_it():
-    world = _world(_free_pid(), state="after", stop_data={"exit_code": -9})
+    world = _world(free_pid(), state="after", stop_data={"exit_code": -9})
     assert "killed by SIGKILL" in controller_failure(world)
 
 
@@ -61,7 +50,7 @@ def test_without_a_controller_of_its_own_nothing_has_ended():
 
 
 def test_waiting_for_a_dead_hub_to_drop_engines_ends_at_once():
-    world = _world(_free_pid())
+    world = _world(free_pid())
     t0 = time.monotonic()
     asyncio.run(wait_dropped(world, {0, 1}, timeout=5.0))
     assert time.monotonic() - t0 < 1.0
@@ -75,5 +64,5 @@ def test_waiting_for_a_live_hub_that_drops_nothing_runs_to_its_bound():
 
 
 def test_the_client_of_an_ended_controller_is_not_waited_for():
-    assert client_end_wait(_world(_free_pid())) == reply_limit.CONTEXT_END_DEAD_S
+    assert client_end_wait(_world(free_pid())) == reply_limit.CONTEXT_END_DEAD_S
     assert client_end_wait(_world(os.getpid())) is None  # the default wait

@@ -21,6 +21,8 @@ from jaxsys_kernel import _compat, contract
 from jaxsys_kernel.cluster.launchers import forks
 from jaxsys_kernel.engine import forked, forkrequests, forkserver
 
+from .free_pid import free_pid
+
 IMPORTED = {"JAX_PLATFORMS": "cpu"}
 
 
@@ -334,7 +336,7 @@ def test_the_servers_death_is_said_with_what_to_do_and_its_log_kept(tmp_path):
 
 
 def test_socket_directories_of_dead_owners_are_removed(tmp_path):
-    dead = _free_pid()
+    dead = free_pid()
     stale = tmp_path / f"{forks.SOCKET_DIR_PREFIX}{dead}-abc"
     mine = tmp_path / f"{forks.SOCKET_DIR_PREFIX}{os.getpid()}-def"
     for d in (stale, mine):
@@ -342,19 +344,6 @@ def test_socket_directories_of_dead_owners_are_removed(tmp_path):
         (d / "s").write_text("")
     assert forks.remove_stale_socket_dirs(tmp_path) == [stale]
     assert not stale.exists() and mine.exists()
-
-
-def _free_pid() -> int:
-    """A pid no process has now (the highest free one below the system's limit)."""
-    limit = int(Path("/proc/sys/kernel/pid_max").read_text())
-    for pid in range(limit - 1, 1, -1):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        except PermissionError:
-            continue
-    raise AssertionError("no free pid")
 
 
 def test_the_fork_socket_is_listed_by_the_security_audit(tmp_path):

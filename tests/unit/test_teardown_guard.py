@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import os
 
-import psutil
 import pytest
 
 from jaxsys_kernel.cluster.records import ProcessInfo
 from jaxsys_kernel.cluster.teardown import START_TIME_TOLERANCE_S, start_time, still_ours
 
-
-def _free_pid() -> int:
-    """A pid no process holds now."""
-    with open("/proc/sys/kernel/pid_max") as f:
-        top = int(f.read())
-    for pid in range(top - 1, top - 10_000, -1):
-        if not psutil.pid_exists(pid):
-            return pid
-    pytest.skip("no free pid near pid_max")
+from .free_pid import free_pid
 
 
 def test_a_pid_is_ours_only_while_its_start_time_matches():
@@ -41,8 +32,8 @@ def test_without_a_start_time_only_a_child_is_ours():
 
 def test_a_pid_nobody_holds_may_be_signalled():
     # Its group, if any is left, is still the original's: Linux does not reuse the id.
-    assert still_ours(_free_pid(), 123.0)
-    assert start_time(_free_pid()) is None
+    assert still_ours(free_pid(), 123.0)
+    assert start_time(free_pid()) is None
 
 
 @pytest.mark.parametrize("reported", [float("nan"), float("inf"), "123", True, None, [1]])
