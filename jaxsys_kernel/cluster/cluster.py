@@ -189,7 +189,7 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
             answer_s = max(10.0, deadline - time.monotonic())
             world.client = await asyncio.wait_for(
                 reply_limit.connect_client(
-                    world.ipp, lambda: _controller_gone(world), timeout=answer_s
+                    world.ipp, lambda: teardown.controller_ended(world), timeout=answer_s
                 ),
                 timeout=self.register_timeout,
             )
@@ -423,9 +423,3 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         if self.world.standby is None:
             return {"size": 0, "ready": 0, "booting": 0, "taken": 0, "note": None}
         return self.world.standby.describe(self.world)
-
-
-def _controller_gone(world) -> bool:
-    """Whether the cluster's controller has ended (as its launcher knows, or its pid shows
-    first: it has just been killed)."""
-    return teardown.controller_ended(world)

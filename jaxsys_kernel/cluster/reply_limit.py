@@ -141,10 +141,10 @@ def bounded_context(bound: int) -> zmq.Context:
 
 
 # How long ending a closed client's context may take before it is left to itself.
-_CONTEXT_END_S = 5.0
+CONTEXT_END_S = 5.0
 # The same once the controller has ended: its client has nothing left to deliver, and a
 # restart or stop then says so without waiting. Under load, about one ending in ten after
-# the controller's SIGKILL during a cell did not end at all, and took the whole 5 s.
+# the controller's SIGKILL during a cell took longer than this, some the whole 5 s.
 CONTEXT_END_DEAD_S = 0.5
 
 
@@ -166,9 +166,9 @@ async def connect_client(ipp_cluster, controller_gone: Callable[[], bool], timeo
     return client
 
 
-def close_client(client, wait: float | None = None) -> None:
+def close_client(client, wait: float = CONTEXT_END_S) -> None:
     """Close a client made by :func:`connect_client`, and end its context (waiting at most
-    ``wait`` s, 5 by default, for it to end; past that it ends on its own thread, or never).
+    ``wait`` s for it to end; past that it ends on its own thread, or never).
 
     A ZeroMQ socket monitor sends its events from the context's I/O thread, and a send to a
     monitor whose reading end was closed blocks that thread. So the monitors are stopped
@@ -182,10 +182,10 @@ def close_client(client, wait: float | None = None) -> None:
     client.close(linger=0)
     ctx = getattr(client, "_jaxsys_context", None)
     if ctx is not None:
-        _end_context(ctx, _CONTEXT_END_S if wait is None else wait)
+        _end_context(ctx, wait)
 
 
-def _end_context(ctx: zmq.Context, wait: float = _CONTEXT_END_S) -> None:
+def _end_context(ctx: zmq.Context, wait: float = CONTEXT_END_S) -> None:
     # Ending a context waits for every socket made in it to close; those pyzmq tracks are
     # closed here, but a socket it does not track would make the wait endless, so it runs
     # on a thread of its own, waited for only so long.

@@ -236,10 +236,10 @@ async def kill_world(world) -> None:
     await unregister(world, old_ids)
 
 
-def client_end_wait(world) -> float | None:
+def client_end_wait(world) -> float:
     """How long closing the world's client waits for its context to end: briefly once the
-    controller has ended (nothing is left to deliver), else as long as it takes by default."""
-    return reply_limit.CONTEXT_END_DEAD_S if controller_ended(world) else None
+    controller has ended (nothing is left to deliver), else the usual bound."""
+    return reply_limit.CONTEXT_END_DEAD_S if controller_ended(world) else reply_limit.CONTEXT_END_S
 
 
 def controller_ended(world) -> bool:

@@ -65,4 +65,4 @@ def test_waiting_for_a_live_hub_that_drops_nothing_runs_to_its_bound():
 
 def test_the_client_of_an_ended_controller_is_not_waited_for():
     assert client_end_wait(_world(free_pid())) == reply_limit.CONTEXT_END_DEAD_S
-    assert client_end_wait(_world(os.getpid())) is None  # the default wait
+    assert client_end_wait(_world(os.getpid())) == reply_limit.CONTEXT_END_S

@@ -264,7 +264,7 @@ def test_a_client_whose_context_is_blocked_takes_only_itself_down():
         assert time.monotonic() < deadline, "the monitor's event never blocked the context"
     started = time.monotonic()
     reply_limit.close_client(client)
-    assert ctx.closed and time.monotonic() - started < reply_limit._CONTEXT_END_S
+    assert ctx.closed and time.monotonic() - started < reply_limit.CONTEXT_END_S
     later = reply_limit.bounded_context(4096)
     try:
         assert _carries_messages(later)
