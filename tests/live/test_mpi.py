@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 import shlex
 import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -60,11 +62,39 @@ def _only_line(out: str) -> str:
     return lines.pop()
 
 
+def _open_mpi_files(profile: Path, mpiexec: int) -> tuple[list[Path], list[Path]]:
+    """The session directories of ``mpiexec`` (there is one, wherever it is) and the
+    shared-memory segments of its job (whose number the session directory holds)."""
+    sessions = [
+        *Path(tempfile.gettempdir()).glob(f"ompi.*/pid.{mpiexec}"),
+        *profile.glob(f"mpi/*/ompi.*/pid.{mpiexec}"),
+    ]
+    jobs = {f"{int(p.name.rsplit('-', 1)[1]):x}" for s in sessions for p in s.glob("*/smlockseg-*")}
+    segments = [
+        p
+        for where in (Path("/dev/shm"), *profile.glob("mpi/*"))
+        for p in where.glob("vader_segment.*")
+        if p.name.split(".")[-2] in jobs
+    ]
+    return sessions, segments
+
+
 def test_an_mpi_cluster_takes_ranks_from_mpi_and_leaves_nothing(mpi):
     c = Cluster(hosts=3, devices_per_host=1, launcher="mpi", env={"JAX_PLATFORMS": "cpu"},
                 progress=lambda e: None)  # fmt: skip
     try:
         c.start_sync()
+        # Open MPI keeps its files in the profile, where stop removes them (and a restart
+        # those of the world before).
+        profile = Path(c._ipp.profile_dir)
+        first = _launcher_pid(c)
+        sessions, segments = _open_mpi_files(profile, first)
+        assert [s.is_relative_to(profile) for s in sessions] == [True], sessions
+        assert len(segments) == 3 and all(s.is_relative_to(profile) for s in segments)
+        c.restart_sync()
+        assert _open_mpi_files(profile, first) == ([], [])
+        last = _launcher_pid(c)
+        assert len(_open_mpi_files(profile, last)[1]) == 3
         assert _only_line(run_on(c, RANKS_CELL)) == "mpi rank is process index: True of 3 3"
         assert _only_line(run_on(c, SUM_CELL)) == "total 6.0"
         # One environment for every rank, and still a certificate of its own for each.
@@ -82,6 +112,15 @@ def test_an_mpi_cluster_takes_ranks_from_mpi_and_leaves_nothing(mpi):
         assert time.monotonic() < deadline, "MPI processes survived the stop"
         time.sleep(0.05)
     assert took < 10
+    assert not profile.exists()
+    assert _open_mpi_files(profile, last) == ([], [])
+
+
+def _launcher_pid(c: Cluster) -> int:
+    """The pid of the world's ``mpiexec`` (the launcher's wrapper becomes it)."""
+    (es,) = {id(c._launcher.engine_set(r)): c._launcher.engine_set(r) for r in c.ranks}.values()
+    (pid,) = launcher_pids(es)
+    return pid
 
 
 def test_a_missing_hostfile_fails_before_anything_starts(mpi, tmp_path):

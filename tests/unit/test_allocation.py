@@ -164,6 +164,30 @@ def test_mpi_spreads_ranks_with_a_hostfile(tmp_path):
     )
 
 
+def test_open_mpi_keeps_its_files_in_the_profile_but_not_with_a_hostfile(
+    tmp_path, monkeypatch
+):
+    from jaxsys_kernel.cluster.launchers.base import EngineContext
+    from jaxsys_kernel.cluster.launchers.mpi import SEGMENT_DIR, SESSION_DIR
+
+    for name in (SESSION_DIR, SEGMENT_DIR):
+        monkeypatch.delenv(name, raising=False)
+    ctx = EngineContext(incarnation=3, profile=tmp_path)
+    here = str(tmp_path / "mpi" / "3")
+    local = make_launcher(ClusterConfig(hosts=2, launcher="mpi")).engine_env(0, ctx)
+    assert local[SESSION_DIR] == local[SEGMENT_DIR] == here
+    # The ranks on the hosts of a hostfile would make this machine's directory there, and
+    # Open MPI refuses a place for mpiexec's files alone.
+    (tmp_path / "hosts").write_text("a slots=2\n")
+    spread = make_launcher(
+        ClusterConfig(hosts=2, launcher="mpi", launcher_options={"hostfile": str(tmp_path / "hosts")})
+    ).engine_env(0, ctx)
+    assert SESSION_DIR not in spread and SEGMENT_DIR not in spread
+    # A place the user chose is kept.
+    monkeypatch.setenv(SEGMENT_DIR, "/scratch")
+    assert SEGMENT_DIR not in make_launcher(ClusterConfig(hosts=2, launcher="mpi")).engine_env(0, ctx)
+
+
 # -- %jaxsys start's scheduler flags ----------------------------------------------------------
 
 

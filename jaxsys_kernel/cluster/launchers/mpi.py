@@ -33,6 +33,20 @@ DIE_WITH_PARENT = (
 )
 
 
+# Open MPI keeps a job's files in a session directory (``ompi.<host>.<uid>/pid.<mpiexec
+# pid>/`` in /tmp, about 8 MB for two ranks) and one shared-memory segment per rank (in
+# /dev/shm). mpiexec removes them when it ends, but it is SIGKILLed, so they outlived every
+# world: these put them in the cluster's profile directory, which goes at stop (and at
+# the next start, when the kernel was killed).
+SESSION_DIR = "OMPI_MCA_orte_tmpdir_base"
+SEGMENT_DIR = "OMPI_MCA_btl_vader_backing_directory"
+
+
+def mpi_files(profile: Path, incarnation: int) -> Path:
+    """Where Open MPI keeps the files of one world's ``mpiexec`` job on this machine."""
+    return profile / "mpi" / str(incarnation)
+
+
 class MpiLauncher(Launcher):
     """Every rank in one ``mpiexec`` job; ranks come from MPI's environment.
 
@@ -145,5 +159,25 @@ class MpiLauncher(Launcher):
         here = socket.gethostname()
         return [p for p in processes if p.pid and p.host == here]
 
+    def file_env(self, ctx) -> dict[str, str]:
+        """Where Open MPI puts the job's files: in :func:`mpi_files` (unless the user set
+        their own place). Not with a hostfile: the directory exists on this machine alone,
+        and Open MPI refuses a place for mpiexec's files beside the default for the ranks'."""
+        if ctx.profile is None or self.config.launcher_options.get("hostfile"):
+            return {}
+        where = os.fspath(mpi_files(Path(ctx.profile), ctx.incarnation))
+        env = {SESSION_DIR: where, SEGMENT_DIR: where}
+        return {k: v for k, v in env.items() if k not in os.environ}
+
+    async def launch(self, ctx, report):
+        # The worlds before this one were killed before it launches: their files go now,
+        # not only at stop, so restarts do not pile them up.
+        if ctx.profile is not None:
+            here = mpi_files(Path(ctx.profile), ctx.incarnation)
+            for old in here.parent.glob("*") if here.parent.is_dir() else ():
+                if old != here:
+                    shutil.rmtree(old, ignore_errors=True)
+        await super().launch(ctx, report)
+
     def engine_env(self, rank, ctx):
-        return {**self.mpiexec_env(), **super().engine_env(rank, ctx)}
+        return {**self.mpiexec_env(), **self.file_env(ctx), **super().engine_env(rank, ctx)}
