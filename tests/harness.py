@@ -114,6 +114,26 @@ class Kernel:
         env = dict(os.environ)
         env[TAG_VAR] = tag
         env.update(extra_env or {})
+        # jupyter_client picks free ports and the kernel binds them a moment later: on a
+        # busy machine another process can take one in between, and the kernel dies at
+        # start ("Address already in use"). A second start gets new ports; a kernel that
+        # dies for any other reason dies again, and that is raised.
+        for attempt in (1, 2):
+            self._start(env, spec_env)
+            try:
+                self.kc.wait_for_ready(timeout=60)
+                return
+            except RuntimeError:
+                self.kc.stop_channels()
+                alive = self.km.is_alive()
+                if alive:
+                    self.km.shutdown_kernel(now=True)
+                else:
+                    self.km.cleanup_resources()
+                if alive or attempt == 2:
+                    raise
+
+    def _start(self, env: dict[str, str], spec_env) -> None:
         self.km = KernelManager(kernel_name="jaxsys")
         if spec_env:
             # What a user's kernelspec would say, e.g. JAXSYS_HOSTS.
@@ -121,7 +141,6 @@ class Kernel:
         self.km.start_kernel(env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
 
     @property
     def pid(self) -> int:
