@@ -169,15 +169,14 @@ class MpiLauncher(Launcher):
         env = {SESSION_DIR: where, SEGMENT_DIR: where}
         return {k: v for k, v in env.items() if k not in os.environ}
 
-    async def launch(self, ctx, report):
-        # The worlds before this one were killed before it launches: their files go now,
-        # not only at stop, so restarts do not pile them up.
+    async def acquire(self, ctx, report):
+        # Right before a launch, when the worlds before this one are killed already: their
+        # files go now, not only at stop, so restarts do not pile them up.
         if ctx.profile is not None:
             here = mpi_files(Path(ctx.profile), ctx.incarnation)
             for old in here.parent.glob("*") if here.parent.is_dir() else ():
                 if old != here:
                     shutil.rmtree(old, ignore_errors=True)
-        await super().launch(ctx, report)
 
     def engine_env(self, rank, ctx):
         return {**self.mpiexec_env(), **self.file_env(ctx), **super().engine_env(rank, ctx)}
