@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from jaxsys_kernel import Cluster
+from jaxsys_kernel.cluster.launchers.mpi import default_session_dirs
 from jaxsys_kernel.cluster.teardown import launcher_pids
 
 from .. import netns, sshd
@@ -183,6 +184,9 @@ def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, 
         assert run_on(c, WHERE_CELL) == "".join(f"[p{i}] {i} {i}\n" for i in range(3))
         assert _only_line(run_on(c, SUM_CELL)) == "total 6.0"
         assert len(_mpi_on_hosts(hosts)) >= 3
+        # mpiexec's own files are where Open MPI puts them: the launcher removes them.
+        mpiexec = _launcher_pid(c)
+        assert default_session_dirs(mpiexec)
     finally:
         took = c.kill()
     deadline = time.monotonic() + 10
@@ -190,6 +194,7 @@ def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, 
         assert time.monotonic() < deadline, f"left on the hosts: {_mpi_on_hosts(hosts)}"
         time.sleep(0.1)
     assert took < 10
+    assert default_session_dirs(mpiexec) == []
 
 
 def _start_sleep():

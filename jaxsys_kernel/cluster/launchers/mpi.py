@@ -10,9 +10,12 @@ import socket
 import sys
 from pathlib import Path
 
+import psutil
+
 from ..allocation import MpiAllocation
 from ..options import Flag
 from ..records import ClusterStartError
+from ..teardown import launcher_pids
 from .base import Launcher
 
 # What ipyparallel's launchers put into an engine's environment besides ours.
@@ -47,6 +50,20 @@ def mpi_files(profile: Path, incarnation: int) -> Path:
     return profile / "mpi" / str(incarnation)
 
 
+def default_session_dirs(mpiexec: int) -> list[Path]:
+    """The session directory of ``mpiexec`` (a pid) where Open MPI puts it by default: in
+    ``ompi.<host>.<uid>`` of the first of TMPDIR, TEMP and TMP that is set, else /tmp."""
+    base = next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
+    return list(Path(base).glob(f"ompi.*.{os.getuid()}/pid.{mpiexec}"))
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 class MpiLauncher(Launcher):
     """Every rank in one ``mpiexec`` job; ranks come from MPI's environment.
 
@@ -70,6 +87,10 @@ class MpiLauncher(Launcher):
     )
     rank_variables = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
     size_variables = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._mpiexecs: set[int] = set()  # killed by a teardown, files not yet removed
 
     @classmethod
     def batch_job(cls, program, nprocs, out_dir, options):
@@ -177,6 +198,29 @@ class MpiLauncher(Launcher):
             for old in here.parent.glob("*") if here.parent.is_dir() else ():
                 if old != here:
                     shutil.rmtree(old, ignore_errors=True)
+
+    # With a hostfile mpiexec's session directory is where Open MPI puts it (see file_env):
+    # once mpiexec has ended, at a world restart or at stop, it goes too.
+
+    def kill_remote(self, engine_sets, processes=()):
+        # Noted here, before the kill: a teardown forgets the engine sets before release().
+        self._mpiexecs.update(pid for es in engine_sets for pid in launcher_pids(es))
+        super().kill_remote(engine_sets, processes)
+
+    def kill_engines(self, engine_sets, processes=()):
+        super().kill_engines(engine_sets, processes)
+        self._remove_session_dirs()
+
+    def release(self):
+        super().release()
+        self._remove_session_dirs()
+
+    def _remove_session_dirs(self) -> None:
+        # Only for an mpiexec seen ended: unreaped, its pid is still its own.
+        for pid in [pid for pid in self._mpiexecs if _ended(pid)]:
+            self._mpiexecs.discard(pid)
+            for where in default_session_dirs(pid):
+                shutil.rmtree(where, ignore_errors=True)
 
     def engine_env(self, rank, ctx):
         return {**self.mpiexec_env(), **self.file_env(ctx), **super().engine_env(rank, ctx)}
