@@ -14,11 +14,22 @@ import os
 
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name, or None (gone, or no /proc)."""
+    # Without Python's file objects: a cell looks at every process's line before it
+    # starts, and open() with its buffering and decoding took 10 us a look against 3 us.
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            # The command name, in parentheses, may hold spaces and parentheses itself.
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        line = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        # The command name, in parentheses, may hold spaces and parentheses itself.
+        return line.rsplit(b")", 1)[1].decode("ascii", "replace").split()
+    except IndexError:
         return None
 
 
