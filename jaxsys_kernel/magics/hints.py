@@ -8,6 +8,7 @@ defined which names where, and adds the reason to such an error.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Collection, Sequence
 
@@ -25,12 +26,15 @@ REMEMBERED = 5000
 _UNDEFINED = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
 
 
-def defined_names(code: str) -> set[str]:
+@functools.lru_cache(maxsize=64)
+def defined_names(code: str) -> frozenset[str]:
     """The names a cell binds at its top level (assignments, imports, def and class)."""
+    # Kept by the cell's text: every cell is parsed before it runs, and a notebook runs
+    # the same few cells again and again.
     try:
         tree = ast.parse(code)
     except SyntaxError:
-        return set()
+        return frozenset()
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -41,7 +45,7 @@ def defined_names(code: str) -> set[str]:
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
                     names.add(sub.id)
-    return names - {"*"}
+    return frozenset(names - {"*"})
 
 
 class PartialNames:
