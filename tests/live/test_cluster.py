@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 
@@ -109,19 +108,22 @@ def _launcher_waiters(cluster) -> list[threading.Thread]:
 def test_stop_is_silent(tag, capfd, caplog):
     c = Cluster(hosts=2, devices_per_host=1, progress=lambda e: None)
     c.start_sync()
-    loop = c._ensure_loop()
+    c._ensure_loop()
+    loop_thread = c._loop_thread
     waiters = _launcher_waiters(c)
     assert len(waiters) == 3  # the controller's and one per engine
     capfd.readouterr()
     with caplog.at_level(logging.WARNING):
         c.stop_sync()
         # The launchers learn of their processes' exit on the cluster's loop thread, after
-        # the stop returned: wait for their threads, then for the loop to run what they
-        # handed it, before judging what was printed.
+        # the stop returned: wait for their threads, then for the loop's thread, which ends
+        # once nothing runs on it (a stopped cluster keeps none), before judging what was
+        # printed. What they handed it has run by then, or went unheard with the loop.
         for t in waiters:
             t.join(timeout=10)
         assert not any(t.is_alive() for t in waiters)
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=10)
+        loop_thread.join(timeout=10)
+        assert not loop_thread.is_alive()
     out, err = capfd.readouterr()
     assert err == "" and out == ""
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
