@@ -70,6 +70,8 @@ SUMMARY_MIME = "application/vnd.jaxsys.summary+json"
 # once complete (engines wait for this copy, which appears atomically).
 ENGINE_CONNECTION_FILE = "security/jaxsys-engine.json"
 PROFILE_PREFIX = "jaxsys-profile-"
+# Beside the profiles: the engine logs of a failed start, which its error names.
+START_LOGS_PREFIX = "jaxsys-start-logs-"
 
 
 def stack_file_name(rank: int, incarnation: int) -> str:

@@ -18,7 +18,7 @@ from .. import _compat, _ranges
 from ..engine.registry import engine_module
 from ..telemetry.hub import TelemetryHub
 from . import security
-from .profile import controller_file, engine_file, make_profile
+from .profile import controller_file, engine_file, kept_logs, make_profile
 from .records import ClusterStartError, ProcessInfo
 from .teardown import controller_ended, sub_launchers
 
@@ -236,8 +236,9 @@ async def _registration_timeout(world, engine_ids: list[int], n: int) -> str:
         f"only {len(engine_ids)} of {n} engines registered within "
         f"{world.config.register_timeout:g} s"
     )
+    world.keep_logs = True  # the teardown that follows keeps them where this says
     if n != world.config.nprocs:
-        return f"{head}; the engine logs are in {world.profile}/log"
+        return f"{head}; the engine logs are kept in {kept_logs(world.profile)}"
     missing = await _missing_ranks(world, engine_ids)
     lines = [f"{head}; missing: process {_ranges.format_procs(missing, prefix='')}"]
     for r in missing[:MISSING_SHOWN]:
@@ -246,8 +247,8 @@ async def _registration_timeout(world, engine_ids: list[int], n: int) -> str:
         if tail:
             lines.append(f"process {r}'s output ends with:\n{tail}")
     lines.append(
-        f"The engine logs are in {world.profile}/log. On a loaded machine give more time "
-        "(register_timeout) or fewer processes."
+        f"The engine logs are kept in {kept_logs(world.profile)}. On a loaded machine give "
+        "more time (register_timeout) or fewer processes."
     )
     return "\n".join(lines)
 

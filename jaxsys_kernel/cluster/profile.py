@@ -136,8 +136,38 @@ def remove_profile(profile: str | os.PathLike) -> None:
     shutil.rmtree(profile, ignore_errors=True)
 
 
+def kept_logs(profile: str | os.PathLike) -> Path:
+    """Where :func:`keep_logs` keeps the engine logs of ``profile``: beside it, under the
+    same owner's pid, so that they outlive the profile."""
+    profile = Path(profile)
+    return profile.with_name(
+        contract.START_LOGS_PREFIX + profile.name.removeprefix(contract.PROFILE_PREFIX)
+    )
+
+
+def keep_logs(profile: str | os.PathLike) -> Path | None:
+    """Move the engine logs out of ``profile`` before it is removed (a failed start's
+    error names them), replacing the owner's earlier ones; None if there were none.
+
+    One set per owner is kept, and a later start removes those whose owner is gone
+    (:func:`remove_stale_profiles`): the logs do not pile up.
+    """
+    dst = kept_logs(profile)
+    owner = dst.name.removeprefix(contract.START_LOGS_PREFIX).split("-")[0]
+    for old in dst.parent.glob(f"{contract.START_LOGS_PREFIX}{owner}-*"):
+        if old != dst:
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(Path(profile) / "log", dst)
+        os.chmod(dst, 0o700)  # what the engines printed is as private as the profile
+    except OSError:
+        return None
+    return dst
+
+
 def remove_stale_profiles(base: str | os.PathLike | None = None) -> list[Path]:
-    """Delete profiles left by owners that died without cleaning up (e.g. SIGKILL).
+    """Delete profiles (and kept start logs) left by owners that died without cleaning up
+    (e.g. SIGKILL).
 
     They hold the cluster's connection keys, so they should not linger.
 
@@ -151,7 +181,11 @@ def remove_stale_profiles(base: str | os.PathLike | None = None) -> list[Path]:
     list of pathlib.Path
         The directories removed.
     """
-    return remove_dead_owners(base or tempfile.gettempdir(), contract.PROFILE_PREFIX)
+    base = base or tempfile.gettempdir()
+    return [
+        *remove_dead_owners(base, contract.PROFILE_PREFIX),
+        *remove_dead_owners(base, contract.START_LOGS_PREFIX),
+    ]
 
 
 def remove_dead_owners(base: str | os.PathLike, prefix: str) -> list[Path]:

@@ -23,7 +23,7 @@ import zmq
 from .. import _compat
 from . import reply_limit
 from .pids import pid_alive as pid_alive  # the cluster's modules import it from here
-from .profile import controller_file, remove_profile
+from .profile import controller_file, keep_logs, remove_profile
 
 # After a kill, how long teardown waits for the local processes to be gone.
 KILL_WAIT_S = 3.0
@@ -197,6 +197,9 @@ def kill(world) -> float:
     # Ports held for processes, and a scheduler's job, go back.
     launcher.release()
     if world.profile is not None:
+        if world.keep_logs:
+            keep_logs(world.profile)
+            world.keep_logs = False
         remove_profile(world.profile)
         world.profile = None
     for p in world.processes:

@@ -59,6 +59,9 @@ class World:
         Engines booted ahead of need (see :mod:`~jaxsys_kernel.cluster.standby`).
     spare_world : SpareWorld or None
         A next world already joined to JAX (see :mod:`~jaxsys_kernel.cluster.spare_world`).
+    keep_logs : bool
+        Whether the teardown keeps the engine logs (an error names them, see
+        :func:`~jaxsys_kernel.cluster.profile.keep_logs`).
     """
 
     config: ClusterConfig
@@ -76,6 +79,7 @@ class World:
     rank_restarts: dict[int, int] = field(default_factory=dict)
     standby: Any = None
     spare_world: Any = None
+    keep_logs: bool = False
 
     @property
     def ipp(self):

@@ -1,7 +1,10 @@
 """At 8 processes: the registration deadline grows with N, and a timeout names who is missing."""
 
+import re
+import shutil
 import sys
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -51,6 +54,13 @@ def test_an_engine_that_never_registers_is_named():
     assert f"only {HOSTS - 1} of {HOSTS} engines registered within {DEADLINE:g} s" in message
     assert f"missing: process {SILENT}\n" in message
     assert "register_timeout" in message
+    # The logs it names outlive the cluster's profile, which the failed start removed.
+    kept = Path(re.search(r"engine logs are kept in (\S+)\. ", message).group(1))
+    try:
+        assert kept.is_dir() and any(kept.iterdir())
+        assert kept.stat().st_mode & 0o077 == 0
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
     # Progress showed k/N while it waited.
     assert ("engines registered", HOSTS - 1, HOSTS) in stages
     # Nothing is left behind, the silent stand-in included.
