@@ -147,7 +147,10 @@ class Kernel:
         return self.km.provisioner.process.pid
 
     def execute(self, code: str, timeout: float = 120.0, on_start=None) -> CellOutput:
-        msg_id = self.kc.execute(code)
+        # One cell at a time, as nbclient runs a cell allowed to raise: with stop_on_error,
+        # ipykernel aborts requests that reach it before it has finished reacting to an
+        # error, and a test sends its next cell as soon as the error's reply arrives.
+        msg_id = self.kc.execute(code, stop_on_error=False)
         out = CellOutput(status="?")
         if on_start:
             on_start()
