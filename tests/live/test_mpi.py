@@ -186,7 +186,8 @@ def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, 
         assert len(_mpi_on_hosts(hosts)) >= 3
         # mpiexec's own files are where Open MPI puts them: the launcher removes them.
         mpiexec = _launcher_pid(c)
-        assert default_session_dirs(mpiexec)
+        (session,) = default_session_dirs(mpiexec)
+        parent = session.parent
     finally:
         took = c.kill()
     deadline = time.monotonic() + 10
@@ -195,6 +196,8 @@ def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, 
         time.sleep(0.1)
     assert took < 10
     assert default_session_dirs(mpiexec) == []
+    # Its per-user directory too, unless another job's files are in it.
+    assert not (parent.exists() and not any(parent.iterdir()))
 
 
 def _start_sleep():

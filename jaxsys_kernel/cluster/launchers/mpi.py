@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -221,6 +222,10 @@ class MpiLauncher(Launcher):
             self._mpiexecs.discard(pid)
             for where in default_session_dirs(pid):
                 shutil.rmtree(where, ignore_errors=True)
+                # Open MPI's per-user directory goes too once empty, as mpiexec would remove
+                # it; another job's directory in it keeps it (rmdir fails).
+                with contextlib.suppress(OSError):
+                    where.parent.rmdir()
 
     def engine_env(self, rank, ctx):
         return {**self.mpiexec_env(), **self.file_env(ctx), **super().engine_env(rank, ctx)}
