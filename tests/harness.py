@@ -115,9 +115,9 @@ class Kernel:
         env[TAG_VAR] = tag
         env.update(extra_env or {})
         # jupyter_client picks free ports and the kernel binds them a moment later: on a
-        # busy machine another process can take one in between, and the kernel dies at
-        # start ("Address already in use"). A second start gets new ports; a kernel that
-        # dies for any other reason dies again, and that is raised.
+        # busy machine another process can take one in between ("Address already in use"),
+        # and the kernel dies at start or never answers. A second start gets new ports; a
+        # kernel that fails for any other reason fails again, and that is raised.
         for attempt in (1, 2):
             self._start(env, spec_env)
             try:
@@ -125,12 +125,11 @@ class Kernel:
                 return
             except RuntimeError:
                 self.kc.stop_channels()
-                alive = self.km.is_alive()
-                if alive:
+                if self.km.is_alive():
                     self.km.shutdown_kernel(now=True)
                 else:
                     self.km.cleanup_resources()
-                if alive or attempt == 2:
+                if attempt == 2:
                     raise
 
     def _start(self, env: dict[str, str], spec_env) -> None:
