@@ -10,6 +10,8 @@ import pytest
 
 from jaxsys_kernel.cluster.pids import pid_alive, process_start
 
+from .free_pid import free_pid
+
 pytestmark = [
     pytest.mark.unit,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)"),
@@ -42,3 +44,8 @@ def test_a_name_with_parentheses_spaces_and_other_bytes_does_not_confuse_the_pro
     finally:
         _name(before)
 
+
+def test_a_pid_no_process_holds_is_neither_alive_nor_started():
+    pid = free_pid()
+    assert not pid_alive(pid)
+    assert process_start(pid) is None
