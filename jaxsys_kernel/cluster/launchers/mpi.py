@@ -11,12 +11,10 @@ import socket
 import sys
 from pathlib import Path
 
-import psutil
-
 from ..allocation import MpiAllocation
 from ..options import Flag
 from ..records import ClusterStartError
-from ..teardown import launcher_pids
+from ..teardown import launcher_pids, pid_alive
 from .base import Launcher
 
 # What ipyparallel's launchers put into an engine's environment besides ours.
@@ -56,13 +54,6 @@ def default_session_dirs(mpiexec: int) -> list[Path]:
     ``ompi.<host>.<uid>`` of the first of TMPDIR, TEMP and TMP that is set, else /tmp."""
     base = next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
     return list(Path(base).glob(f"ompi.*.{os.getuid()}/pid.{mpiexec}"))
-
-
-def _ended(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 class MpiLauncher(Launcher):
@@ -196,7 +187,7 @@ class MpiLauncher(Launcher):
         # files go now, not only at stop, so restarts do not pile them up.
         if ctx.profile is not None:
             here = mpi_files(Path(ctx.profile), ctx.incarnation)
-            for old in here.parent.glob("*") if here.parent.is_dir() else ():
+            for old in here.parent.glob("*"):
                 if old != here:
                     shutil.rmtree(old, ignore_errors=True)
 
@@ -217,8 +208,8 @@ class MpiLauncher(Launcher):
         self._remove_session_dirs()
 
     def _remove_session_dirs(self) -> None:
-        # Only for an mpiexec seen ended: unreaped, its pid is still its own.
-        for pid in [pid for pid in self._mpiexecs if _ended(pid)]:
+        # Only for an mpiexec seen ended (a zombie counts): unreaped, its pid is its own.
+        for pid in [pid for pid in self._mpiexecs if not pid_alive(pid)]:
             self._mpiexecs.discard(pid)
             for where in default_session_dirs(pid):
                 shutil.rmtree(where, ignore_errors=True)
