@@ -46,6 +46,11 @@ SAMPLE = 0.25
 FIRST_LOOK = 0.5
 # Below this share of CPU time over one sample, the main thread counts as idle.
 IDLE_SHARE = 0.05
+# Seconds without a new cell after which the sampler stops polling and waits to be woken.
+# Until then a cell begins without waking it: at 8 processes on 2 cores, a wake per cell
+# (the sampler takes a core and the GIL while the reply is being sent) made a trivial cell
+# 1-3 % slower; polling costs at most 1 / SAMPLE wakes a second, and only just after cells.
+PARK = 2.0
 # What one record carries at most: characters of a name, argument or sharding, and items
 # of a list. The kernel refuses larger records (cells/divergence_records.py, whose bounds
 # are wider), so a huge pytree or a generated name is cut here, the same way on every
@@ -161,7 +166,12 @@ class Recorder:
         # back-to-back cells cost it no thread start, join or wake-up (a thread started
         # and joined per cell cost each process 0.4 ms of CPU per cell: at 8 processes on
         # 2 cores a trivial cell took 2 ms longer than without the check).
-        self._running = threading.Event()  # set while a cell runs
+        # Under the lock: whether a cell runs, whether the sampler waits on _wake (parked),
+        # and when the last cell ended.
+        self._running = False
+        self._parked = False
+        self._ended = 0.0
+        self._wake = threading.Event()  # set to end the sampler's park
         # Held while a sample is taken and published, and while a cell begins or ends, so
         # that no sample of a cell is published after it.
         self._lock = threading.Lock()
@@ -212,7 +222,10 @@ class Recorder:
             self._cell += 1
             self._began = time.monotonic()
             self._since = (clock, clock(), self._began)
-            self._running.set()
+            self._running = True
+            if self._parked:
+                self._parked = False
+                self._wake.set()
         if self._sampler is None or not self._sampler.is_alive():
             self._sampler = threading.Thread(
                 target=self._sample, name="jaxsys-divergence", daemon=True
@@ -226,7 +239,8 @@ class Recorder:
         self.active = False
         with self._lock:
             # A sample being taken finishes first; the next look sees no cell and idles.
-            self._running.clear()
+            self._running = False
+            self._ended = time.monotonic()
         if self.ours:
             jax.config.update("jax_distributed_debug", False)
             self.ours = False
@@ -247,17 +261,26 @@ class Recorder:
     def _sample(self) -> None:
         cell, last, looked = None, None, 0.0
         while True:
-            if not self._running.is_set():
-                cell, last = None, None
-                self._running.wait()
             with self._lock:
-                # A cell is first looked at FIRST_LOOK seconds in, then every SAMPLE seconds.
-                due = max(self._began + FIRST_LOOK, looked + SAMPLE)
+                now = time.monotonic()
+                if self._running:
+                    # A cell is first looked at FIRST_LOOK seconds in, then every SAMPLE.
+                    due = max(self._began + FIRST_LOOK, looked + SAMPLE)
+                elif now - self._ended < PARK:
+                    due = now + SAMPLE  # a next cell may begin any moment: poll for it
+                else:
+                    self._parked = True
+                    self._wake.clear()
+                    due = None
+            if due is None:
+                cell, last = None, None
+                self._wake.wait()  # set by start(), under the lock, once parked
+                continue
             time.sleep(max(0.0, due - time.monotonic()))
             with self._lock:
                 t = time.monotonic()
-                if not self._running.is_set() or t - self._began < FIRST_LOOK:
-                    continue  # the cell ended, or another began while this look was due
+                if not self._running or t - self._began < FIRST_LOOK:
+                    continue  # no cell, or another began while this look was due
                 if self._cell != cell:
                     cell, last = self._cell, None
                 looked = t

@@ -119,3 +119,44 @@ def test_one_sampler_serves_every_cell_and_looks_only_while_one_runs(monkeypatch
     count = len(seen)
     assert not _wait_for(lambda: len(seen) > count, 2.5 * divergence.SAMPLE)
     assert len(_samplers()) == before + 1
+
+
+class _CountedEvent(threading.Event):
+    def __init__(self):
+        super().__init__()
+        self.sets = 0
+
+    def set(self):
+        self.sets += 1
+        super().set()
+
+
+def test_cells_soon_after_one_another_begin_without_waking_the_sampler(monkeypatch):
+    _fake_jax(monkeypatch)
+    monkeypatch.setattr(divergence, "PARK", 0.3)
+    seen: list[dict] = []
+    rec = divergence.Recorder(publish=seen.append)
+    rec._wake = wake = _CountedEvent()
+    rec.start()
+    rec.stop()
+    # Idle for PARK seconds, the sampler waits to be woken; a cell wakes it.
+    assert _wait_for(lambda: rec._parked, 5.0)
+    monkeypatch.setattr(divergence, "PARK", 60.0)
+    rec.start()
+    assert wake.sets == 1 and not rec._parked
+    rec.stop()
+    # Cells that begin within PARK of the last one's end find it polling: none wakes it.
+    for _ in range(20):
+        rec.start()
+        rec.stop()
+    assert wake.sets == 1 and seen == []
+    # A sampler woken from its park still looks at a cell FIRST_LOOK seconds in.
+    monkeypatch.setattr(divergence, "PARK", 0.3)
+    assert _wait_for(lambda: rec._parked, 5.0)
+    began = time.monotonic()
+    rec.start()
+    assert wake.sets == 2
+    assert _wait_for(lambda: seen, 5.0)
+    assert time.monotonic() - began >= divergence.FIRST_LOOK
+    assert seen[0]["kind"] == "where", seen
+    rec.stop()
