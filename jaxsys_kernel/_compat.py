@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
@@ -260,6 +261,50 @@ def quiet_engine_iopub(kernel) -> bool:
     kernel._publish_status = publish_status
     kernel._publish_execute_input = lambda code, parent, execution_count: None
     kernel._jaxsys_quiet = True
+    return True
+
+
+def quick_empty_flush(stream) -> bool:
+    """Let ``flush()`` of an ipykernel output stream return at once when it has nothing to
+    send; True once it does.
+
+    ipykernel's ``OutStream.flush`` hands the flush to its IO thread and waits for it, even
+    with nothing written: a round trip between two threads, which an engine's kernel makes
+    four times per request (before the reply and after it, for stdout and stderr). Measured
+    in an engine at 8 processes on 2 cores: 38 us of CPU and 37-160 us of waiting each.
+    The round trip is still made whenever anything was written since the last send, a
+    send is scheduled, or the IO thread is sending (output taken from the buffer but not
+    yet on the socket), so output still leaves before anything that follows it.
+    """
+    if not all(hasattr(stream, a) for a in ("_flush", "_buffers", "_buffer_lock", "flush")):
+        return False
+    if getattr(stream, "_jaxsys_quick_flush", False):
+        return True
+    sending = [0]  # sends under way on the IO thread
+    count = threading.Lock()
+    send, full_flush = stream._flush, stream.flush
+
+    def counted_send():
+        with count:
+            sending[0] += 1
+        try:
+            send()
+        finally:
+            with count:
+                sending[0] -= 1
+
+    def flush():
+        with stream._buffer_lock:
+            written = bool(stream._buffers)
+        pending = getattr(stream, "_flush_pending", True)
+        pending = pending or getattr(stream, "_subprocess_flush_pending", True)
+        if written or pending or sending[0]:
+            full_flush()
+
+    # Instance attributes: ipykernel schedules ``self._flush``, so its IO thread finds ours.
+    stream._flush = counted_send
+    stream.flush = flush
+    stream._jaxsys_quick_flush = True
     return True
 
 

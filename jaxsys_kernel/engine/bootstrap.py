@@ -75,6 +75,7 @@ def describe_process() -> dict:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_INTERVAL
+        _compat.quick_empty_flush(stream)
     # Deferred: these need IPython's shell, which exists only once the engine has started.
     from . import display, output, programs
 
