@@ -4,7 +4,9 @@ This module imports only the standard library, so the Slurm watchdog (a fresh in
 that lives as long as its job) and the lease files use it without loading psutil or zmq.
 The one other liveness probe in the package is the forked engine's stand-in
 (:mod:`jaxsys_kernel.engine.forked`), which runs by path with ``python -S`` and so cannot
-import the package at all.
+import the package at all. The local launcher asks about its engines through
+:mod:`jaxsys_kernel.cluster.exit_watch` (a pidfd per engine), which comes here where it
+cannot open one.
 """
 
 from __future__ import annotations

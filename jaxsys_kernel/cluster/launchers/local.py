@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...engine.ports import hold_port
 from .. import stacks
+from ..exit_watch import ExitWatch
 from ..profile import engine_file
-from ..teardown import pid_alive
 from .base import EngineContext, Launcher, native_log_file, stack_file
 from .forks import ForkServer, plain_engine_cmd
 from .kept import KeepsHosts
@@ -58,6 +58,8 @@ class LocalLauncher(KeepsHosts, Launcher):
         super().__init__(config)
         self.forks: ForkServer | None = None
         self._plain_after_forks: set[int] = set()
+        # Room for a world and the one it replaces: older worlds' pidfds are closed first.
+        self.exits = ExitWatch(limit=2 * config.nprocs + 8)
 
     def _controller_kwargs(self) -> dict[str, Any]:
         return {"controller_ip": self.config.controller_ip or "127.0.0.1"}
@@ -72,6 +74,7 @@ class LocalLauncher(KeepsHosts, Launcher):
 
     def release(self) -> None:
         super().release()
+        self.exits.close()
         forks, self.forks = self.forks, None
         if forks is not None:
             forks.stop()
@@ -156,7 +159,7 @@ class LocalLauncher(KeepsHosts, Launcher):
 
     def process_gone(self, p: ProcessInfo) -> bool:
         # Checked directly: the hub notices only after missed heartbeats.
-        return p.pid is not None and not pid_alive(p.pid)
+        return p.pid is not None and self.exits.ended(p.pid, p.started)
 
     def death_reason(self, p: ProcessInfo) -> str:
         # A forked engine dies with its fork server: name that death and what to do. An

@@ -1,0 +1,104 @@
+"""Whether this machine's engines have ended, without reading ``/proc`` at every look.
+
+A cell looks at every process it is for before it is sent, and again every quarter second
+while it runs (the hub notices a death only after missed heartbeats). Reading
+``/proc/PID/stat`` for that took about 5 us a process on an idle machine and 54 us while
+a cell's processes were busy, 0.43 ms before each cell at 8 processes.
+
+A pidfd (Linux 5.3 and later) becomes readable once its process has exited, zombie or
+reaped, and stays bound to that process, so a pid the system hands out again cannot pass
+for it. Looking at one takes under a microsecond. It is opened at a process's first look
+and checked then against the start time the process reported, so it names the process
+the cluster started and not a later one with the same pid. Where no pidfd can be opened
+(another system, an old kernel, no file descriptor left), the look falls back to
+:func:`~jaxsys_kernel.cluster.pids.pid_alive`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+
+from .pids import pid_alive
+
+# A start time read now and the one a process reported at registration may differ by the
+# rounding of psutil's clock ticks.
+START_SLACK_S = 0.05
+
+
+def _started(pid: int) -> float | None:
+    # Deferred: psutil is read once per process, at its first look.
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _readable(fd: int) -> bool:
+    # poll, not select: a kernel with many sockets may hold descriptors past select's 1024.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class ExitWatch:
+    """A pidfd per watched process; :meth:`ended` says whether that process has exited.
+
+    Parameters
+    ----------
+    limit : int
+        The most pidfds held; beyond it the oldest is closed (and opened again if asked
+        for), so the processes of earlier worlds do not hold descriptors for long.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self._fds: dict[tuple[int, float | None], int] = {}
+        self._lock = threading.Lock()
+        self._usable = hasattr(os, "pidfd_open")
+
+    def ended(self, pid: int, started: float | None = None) -> bool:
+        """Whether the process ``pid`` that started at ``started`` (psutil's create time;
+        None when unknown) has exited."""
+        key = (pid, started)
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is None:
+                if not self._usable:
+                    return not pid_alive(pid)
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    return True
+                except OSError:
+                    # No pidfd here: every later look reads /proc instead.
+                    self._usable = False
+                    return not pid_alive(pid)
+                if started is not None:
+                    now = _started(pid)
+                    # Read after the open: a pid taken by another process since means
+                    # ours has ended, whatever the pidfd names.
+                    if now is None or abs(now - started) > START_SLACK_S:
+                        os.close(fd)
+                        return True
+                while len(self._fds) >= self.limit:
+                    os.close(self._fds.pop(next(iter(self._fds))))
+                self._fds[key] = fd
+            return _readable(fd)
+
+    def close(self) -> None:
+        """Close every pidfd held (a later look opens its own again)."""
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def held(self) -> int:
+        """How many pidfds are open."""
+        return len(self._fds)
+
+
+__all__ = ["ExitWatch"]
