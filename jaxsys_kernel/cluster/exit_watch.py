@@ -37,15 +37,11 @@ def _started(pid: int) -> float | None:
         return None
 
 
-def _readable(fd: int) -> bool:
-    # poll, not select: a kernel with many sockets may hold descriptors past select's 1024.
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
-
-
 class ExitWatch:
     """A pidfd per watched process; :meth:`ended` says whether that process has exited.
+
+    The look is ``poll``, not ``select``: a kernel with many sockets may hold descriptors
+    past ``select``'s 1024.
 
     Parameters
     ----------
@@ -63,31 +59,59 @@ class ExitWatch:
     def ended(self, pid: int, started: float | None = None) -> bool:
         """Whether the process ``pid`` that started at ``started`` (psutil's create time;
         None when unknown) has exited."""
-        key = (pid, started)
+        return (pid, started) in self.ended_among([(pid, started)])
+
+    def ended_among(self, keys: list[tuple[int, float | None]]) -> set[tuple[int, float | None]]:
+        """Those of the ``(pid, started)`` processes that have exited, in one look."""
+        ended, watched = set(), {}
+        # Past the limit an open would have to close a pidfd of this same look: /proc.
+        keep = set(keys[: self.limit])
         with self._lock:
-            fd = self._fds.get(key)
-            if fd is None:
-                if not self._usable:
-                    return not pid_alive(pid)
-                try:
-                    fd = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    return True
-                except OSError:
-                    # No pidfd here: every later look reads /proc instead.
-                    self._usable = False
-                    return not pid_alive(pid)
-                if started is not None:
-                    now = _started(pid)
-                    # Read after the open: a pid taken by another process since means
-                    # ours has ended, whatever the pidfd names.
-                    if now is None or abs(now - started) > START_SLACK_S:
-                        os.close(fd)
-                        return True
-                while len(self._fds) >= self.limit:
-                    os.close(self._fds.pop(next(iter(self._fds))))
-                self._fds[key] = fd
-            return _readable(fd)
+            for key in keys:
+                fd = self._open(key, keep) if key in keep else -1
+                if fd is None:
+                    ended.add(key)
+                elif fd >= 0:
+                    watched[fd] = key
+                elif not pid_alive(key[0]):  # no pidfd: /proc
+                    ended.add(key)
+            if watched:
+                poller = select.poll()
+                for fd in watched:
+                    poller.register(fd, select.POLLIN)
+                done = select.POLLIN | select.POLLHUP
+                ended.update(watched[fd] for fd, ev in poller.poll(0) if ev & done)
+        return ended
+
+    def _open(self, key: tuple[int, float | None], keep: set) -> int | None:
+        """The pidfd of ``key`` (opened now if need be, closing the oldest not in ``keep``
+        beyond the limit); None when that process is gone, -1 when no pidfd can be had."""
+        fd = self._fds.get(key)
+        if fd is not None:
+            return fd
+        if not self._usable:
+            return -1
+        pid, started = key
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            # No pidfd here: every later look reads /proc instead.
+            self._usable = False
+            return -1
+        if started is not None:
+            now = _started(pid)
+            # Read after the open: a pid taken by another process since means ours has
+            # ended, whatever the pidfd names.
+            if now is None or abs(now - started) > START_SLACK_S:
+                os.close(fd)
+                return None
+        stale = [k for k in self._fds if k not in keep]
+        while len(self._fds) >= self.limit and stale:
+            os.close(self._fds.pop(stale.pop(0)))
+        self._fds[key] = fd
+        return fd
 
     def close(self) -> None:
         """Close every pidfd held (a later look opens its own again)."""

@@ -59,8 +59,10 @@ class ProcessControl:
         if self.client is None or self.state != "ready":
             return
         alive = set(self.client.ids)
-        for p in (p for p in self.processes if p.state == "ready"):
-            if self._launcher.process_gone(p):
+        ready = [p for p in self.processes if p.state == "ready"]
+        gone = {p.rank for p in self._launcher.processes_gone(ready)}
+        for p in ready:
+            if p.rank in gone:
                 p.mark_dead(self._launcher.death_reason(p))
             elif p.engine_id not in alive:
                 p.mark_dead(f"the hub dropped its engine {p.engine_id} (missed heartbeats)")
@@ -78,12 +80,10 @@ class ProcessControl:
         -------
         dict of int to str
         """
-        out = {}
-        for r in ranks:
-            p = self.processes[r]
-            if p.state == "ready" and self._launcher.process_gone(p):
-                out[r] = self._launcher.death_reason(p)
-        return out
+        ready = [self.processes[r] for r in ranks if self.processes[r].state == "ready"]
+        return {
+            p.rank: self._launcher.death_reason(p) for p in self._launcher.processes_gone(ready)
+        }
 
     def kill_process(self, rank: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> float:
         """Send a signal to one process and, for SIGKILL, wait until it is gone.

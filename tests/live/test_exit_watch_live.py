@@ -104,3 +104,54 @@ def test_without_pidfds_the_look_reads_proc(child, monkeypatch):
     child.wait()
     assert watch.ended(child.pid, None)
     assert watch.held() == 0
+
+
+def _sleepers(n: int) -> list[subprocess.Popen]:
+    return [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)
+    ]
+
+
+def test_one_look_names_the_ended_among_many_even_past_the_limit():
+    procs = _sleepers(5)
+    try:
+        keys = [(p.pid, _started(p.pid)) for p in procs]
+        watch = ExitWatch(limit=3)
+        assert watch.ended_among(keys) == set()
+        assert watch.held() == 3  # the two past the limit were read from /proc
+        for i in (1, 4):
+            procs[i].kill()
+            procs[i].wait()
+        assert watch.ended_among(keys) == {keys[1], keys[4]}
+        assert watch.held() <= 3
+        watch.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_the_local_launcher_asks_about_its_processes_in_one_look():
+    from jaxsys_kernel.cluster.config import ClusterConfig
+    from jaxsys_kernel.cluster.launchers import make_launcher
+    from jaxsys_kernel.cluster.records import ProcessInfo
+
+    procs = _sleepers(3)
+    try:
+        launcher = make_launcher(ClusterConfig(hosts=3))
+        infos = [
+            ProcessInfo(r, engine_id=r, pid=p.pid, started=_started(p.pid))
+            for r, p in enumerate(procs)
+        ]
+        infos.append(ProcessInfo(3, engine_id=3))  # no pid known: not gone
+        assert launcher.processes_gone(infos) == []
+        procs[2].kill()
+        procs[2].wait()
+        assert [p.rank for p in launcher.processes_gone(infos)] == [2]
+        assert launcher.process_gone(infos[2]) and not launcher.process_gone(infos[0])
+        launcher.release()
+        assert launcher.exits.held() == 0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

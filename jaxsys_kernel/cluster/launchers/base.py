@@ -411,6 +411,11 @@ class Launcher(LauncherKind):
         """Whether a process is known to be gone without asking the hub."""
         return False
 
+    def processes_gone(self, processes: Sequence[ProcessInfo]) -> list[ProcessInfo]:
+        """Those of ``processes`` that :meth:`process_gone` would say are gone (a launcher
+        that can ask about all of them at once overrides it)."""
+        return [p for p in processes if self.process_gone(p)]
+
     def death_reason(self, p: ProcessInfo) -> str:
         """Why :meth:`process_gone` said the process is gone."""
         return f"its pid {p.pid} is gone"

@@ -161,6 +161,12 @@ class LocalLauncher(KeepsHosts, Launcher):
         # Checked directly: the hub notices only after missed heartbeats.
         return p.pid is not None and self.exits.ended(p.pid, p.started)
 
+    def processes_gone(self, processes):
+        # One look at every pidfd: at 64 processes, 0.3 ms of CPU before each cell otherwise.
+        known = [p for p in processes if p.pid is not None]
+        ended = self.exits.ended_among([(p.pid, p.started) for p in known])
+        return [p for p in known if (p.pid, p.started) in ended]
+
     def death_reason(self, p: ProcessInfo) -> str:
         # A forked engine dies with its fork server: name that death and what to do. An
         # engine started after the server died is a plain one: not its cause.
