@@ -175,8 +175,9 @@ EXPECTED = {
     "03b-deaths-recoverability-cannot-absorb.ipynb": [
         "exercise 1: correct",
         "[p0-2] sum over all three processes: 12.0",
-        # one survivor hears from gloo, the other waits in the collective
-        "Connection closed by peer",
+        # one survivor hears from gloo, the other waits in the collective; the dead peer's
+        # socket is closed or, with data still unread in it, reset, as the kill falls
+        ("Connection closed by peer", "Connection reset by peer"),
         "still running: p0",
         # process 0's death takes the others with it, recoverability on
         "{0: 'dead', 1: 'dead', 2: 'dead'}",
@@ -308,6 +309,10 @@ def _svg_outputs(nb) -> int:
     )
 
 
+def _alternatives(line: str | tuple[str, ...]) -> tuple[str, ...]:
+    return line if isinstance(line, tuple) else (line,)
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -330,7 +335,8 @@ def test_notebook_runs(path, tag):
     nb = nbformat.read(executed(path), as_version=4)
     text = _output_text(nb)
     for line in EXPECTED.get(path.name, []):
-        assert line in text, f"{path.name}: missing {line!r}"
+        # A tuple: any one of its lines will do.
+        assert any(one in text for one in _alternatives(line)), f"{path.name}: missing {line!r}"
     assert "[Gloo]" not in text
     assert _svg_outputs(nb) >= STATIC_PICTURES.get(path.name, 0), (
         f"{path.name}: static views missing"
