@@ -27,12 +27,20 @@ from .pids import pid_alive
 START_SLACK_S = 0.05
 
 
+# What _started says of a pid no process holds.
+_GONE = -1.0
+
+
 def _started(pid: int) -> float | None:
+    """When the process ``pid`` started (psutil's create time); :data:`_GONE` when there is
+    none, None when it cannot be told (then the pidfd is taken as naming ours)."""
     # Deferred: psutil is read once per process, at its first look.
     import psutil
 
     try:
         return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return _GONE
     except psutil.Error:
         return None
 
@@ -104,7 +112,7 @@ class ExitWatch:
             now = _started(pid)
             # Read after the open: a pid taken by another process since means ours has
             # ended, whatever the pidfd names.
-            if now is None or abs(now - started) > START_SLACK_S:
+            if now == _GONE or (now is not None and abs(now - started) > START_SLACK_S):
                 os.close(fd)
                 return None
         stale = [k for k in self._fds if k not in keep]

@@ -155,3 +155,14 @@ def test_the_local_launcher_asks_about_its_processes_in_one_look():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_start_time_that_cannot_be_read_does_not_make_a_death(child, monkeypatch):
+    # psutil refused (another user's /proc, a sandbox): the pidfd is taken as naming ours.
+    monkeypatch.setattr(exit_watch, "_started", lambda pid: None)
+    watch = ExitWatch(limit=4)
+    assert not watch.ended(child.pid, 12345.0)
+    child.kill()
+    child.wait()
+    assert watch.ended(child.pid, 12345.0)
+    watch.close()
