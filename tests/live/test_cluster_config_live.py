@@ -17,14 +17,13 @@ from jaxsys_kernel.cluster.launchers import (
 from jaxsys_kernel.cluster.records import ProcessInfo
 
 from ..fakes import FakeClient
+from ..sleepers import sleeping_children
 
 
 @pytest.fixture
 def sleeper():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    with sleeping_children() as (proc,):
+        yield proc
 
 
 def test_local_signals_go_straight_to_the_pid(sleeper):
@@ -85,4 +84,3 @@ def test_local_stacks_come_from_the_stack_file(tmp_path):
     # Only the dump written after the signal, and no signal to a process without a file.
     assert signalled == [([0], signal.SIGUSR1)]
     assert list(out) == [0] and "waiting_here" in out[0] and "older" not in out[0]
-

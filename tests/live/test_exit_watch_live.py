@@ -4,8 +4,6 @@ a later process that took its pid."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import psutil
@@ -14,6 +12,7 @@ import pytest
 from jaxsys_kernel.cluster import exit_watch
 from jaxsys_kernel.cluster.exit_watch import ExitWatch
 
+from ..sleepers import sleeping_children
 from ..unit.free_pid import free_pid
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux's")
@@ -21,10 +20,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds ar
 
 @pytest.fixture
 def child():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    with sleeping_children() as (proc,):
+        yield proc
 
 
 def _started(pid: int) -> float:
@@ -63,10 +60,7 @@ def test_a_pid_no_process_holds_has_ended():
 
 
 def test_beyond_its_limit_the_oldest_pidfd_is_closed_and_answers_stay_right():
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)
-    ]
-    try:
+    with sleeping_children(4) as procs:
         watch = ExitWatch(limit=2)
         keys = [(p.pid, _started(p.pid)) for p in procs]
         assert [watch.ended(*k) for k in keys] == [False] * 4
@@ -78,10 +72,6 @@ def test_beyond_its_limit_the_oldest_pidfd_is_closed_and_answers_stay_right():
         assert watch.held() <= 2
         watch.close()
         assert watch.held() == 0
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def test_closing_closes_the_descriptors(child):
@@ -106,15 +96,8 @@ def test_without_pidfds_the_look_reads_proc(child, monkeypatch):
     assert watch.held() == 0
 
 
-def _sleepers(n: int) -> list[subprocess.Popen]:
-    return [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)
-    ]
-
-
 def test_one_look_names_the_ended_among_many_even_past_the_limit():
-    procs = _sleepers(5)
-    try:
+    with sleeping_children(5) as procs:
         keys = [(p.pid, _started(p.pid)) for p in procs]
         watch = ExitWatch(limit=3)
         assert watch.ended_among(keys) == set()
@@ -125,10 +108,6 @@ def test_one_look_names_the_ended_among_many_even_past_the_limit():
         assert watch.ended_among(keys) == {keys[1], keys[4]}
         assert watch.held() <= 3
         watch.close()
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def test_the_local_launcher_asks_about_its_processes_in_one_look():
@@ -136,8 +115,7 @@ def test_the_local_launcher_asks_about_its_processes_in_one_look():
     from jaxsys_kernel.cluster.launchers import make_launcher
     from jaxsys_kernel.cluster.records import ProcessInfo
 
-    procs = _sleepers(3)
-    try:
+    with sleeping_children(3) as procs:
         launcher = make_launcher(ClusterConfig(hosts=3))
         infos = [
             ProcessInfo(r, engine_id=r, pid=p.pid, started=_started(p.pid))
@@ -151,10 +129,6 @@ def test_the_local_launcher_asks_about_its_processes_in_one_look():
         assert launcher.process_gone(infos[2]) and not launcher.process_gone(infos[0])
         launcher.release()
         assert launcher.exits.held() == 0
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def test_a_start_time_that_cannot_be_read_does_not_make_a_death(child, monkeypatch):
