@@ -326,25 +326,25 @@ def quick_empty_flush(stream) -> bool:
         return False
     if getattr(stream, "_jaxsys_quick_flush", False):
         return True
-    sending = [0]  # sends under way on the IO thread
-    count = threading.Lock()
+    # Sends begun and ended. ipykernel sends on one thread at a time (its IO thread, or the
+    # caller once that is gone), so these need no lock: a lock held at a fork would hang
+    # every flush of the child.
+    begun, ended = [0], [0]
     send, full_flush = stream._flush, stream.flush
 
     def counted_send():
-        with count:
-            sending[0] += 1
+        begun[0] += 1
         try:
             send()
         finally:
-            with count:
-                sending[0] -= 1
+            ended[0] += 1
 
     def flush():
         with stream._buffer_lock:
             written = bool(stream._buffers)
         pending = getattr(stream, "_flush_pending", True)
         pending = pending or getattr(stream, "_subprocess_flush_pending", True)
-        if written or pending or sending[0]:
+        if written or pending or begun[0] != ended[0]:
             full_flush()
 
     # Instance attributes: ipykernel schedules ``self._flush``, so its IO thread finds ours.
