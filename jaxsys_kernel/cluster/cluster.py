@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -101,6 +102,11 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         # Everything bring-up fills in and teardown empties.
         self.world = World(self.config, self._launcher, report=self._report)
         self.state = "stopped"
+        # Set while no teardown runs: a cell that finds the cluster "stopping" (the sidebar's
+        # Stop runs on another thread) waits for it instead of taking dying processes.
+        self._stopped = threading.Event()
+        self._stopped.set()
+        self._kill_lock = threading.RLock()
         self.ready_seconds: float | None = None
         self._ops: asyncio.Lock | None = None
         self.rotation_poll = ROTATION_POLL_S
@@ -294,24 +300,46 @@ class Cluster(EngineCalls, ProcessControl, ClusterSecurity, AsyncFirst):
         """Tear the cluster down at once: SIGKILL every process group, close the client.
 
         Engines ignore SIGTERM once JAX is initialised, so a polite stop only adds seconds.
-        Safe to call from any thread, more than once, and from ``atexit``.
+        Safe to call from any thread, more than once, and from ``atexit``. While it runs,
+        ``state`` is ``"stopping"``.
 
         Returns
         -------
         float
             Seconds the teardown took.
         """
-        self._rotation.stop()
-        took = teardown.kill(self.world)
-        if self.world.standby is not None:
-            # Its engines belonged to the controller and went with it.
-            self.world.standby.forget()
-        if self.world.spare_world is not None:
-            self.world.spare_world.forget()
-        self.state = "stopped"
+        with self._kill_lock:
+            self._stopped.clear()
+            self.state = "stopping"
+            try:
+                self._rotation.stop()
+                took = teardown.kill(self.world)
+                if self.world.standby is not None:
+                    # Its engines belonged to the controller and went with it.
+                    self.world.standby.forget()
+                if self.world.spare_world is not None:
+                    self.world.spare_world.forget()
+            finally:
+                self.state = "stopped"
+                self._stopped.set()
         # No process is left for the loop thread to keep alive (see loop.py).
         self._end_loop_when_idle()
         return took
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait until no teardown runs (``state`` is no longer ``"stopping"``).
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait at most.
+
+        Returns
+        -------
+        bool
+            Whether the teardown had ended within ``timeout``.
+        """
+        return self._stopped.wait(timeout)
 
     def __enter__(self) -> Cluster:
         return self.start_sync()

@@ -162,8 +162,8 @@ def cluster_state(session, *, cell_running: bool = False, group: int | None = No
     dict
         ``kernel`` (pid, version), ``cell_running``, ``health`` (the cluster's state in one
         word, why, and whether to warn: see :mod:`jaxsys_kernel.magics.health`) and
-        ``cluster``: None when no cluster
-        runs, else ``state`` (``starting``, ``ready``, ``restarting``), ``nprocs``,
+        ``cluster``: None when no cluster runs or one is being torn down, else ``state``
+        (``starting``, ``ready``, ``restarting``), ``nprocs``,
         ``alive``, ``devices``, ``live_devices``, ``warning`` (a process is dead or stuck),
         ``processes`` (rank, host, pid, devices, state, heartbeat_age, busy, error,
         incarnation, restarts; above
@@ -180,7 +180,7 @@ def cluster_state(session, *, cell_running: bool = False, group: int | None = No
         "cluster": None,
     }
     cluster = session.cluster
-    if cluster is None or cluster.state == "stopped":
+    if cluster is None or cluster.state in ("stopped", "stopping"):
         return out
     cluster.refresh_states()
     hub = cluster.telemetry

@@ -83,6 +83,8 @@ def health(
     """
     if cluster is None or cluster.state == STOPPED:
         return Health(STOPPED, "no cluster is running; %jaxsys start starts one")
+    if cluster.state == "stopping":
+        return Health(STOPPED, "the cluster is stopping")
     if cluster.state in (STARTING, RESTARTING):
         return Health(cluster.state, f"the cluster is {cluster.state}")
     if broken:

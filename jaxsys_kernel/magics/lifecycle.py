@@ -18,6 +18,10 @@ from ..cluster.options import kernelspec_layer
 from . import recovery, versions
 from .actions_watch import refuse as refuse_watcher
 
+#: Seconds a cell waits for a stop begun elsewhere (the sidebar's Stop) to end; a teardown
+#: is bounded well within it (its kill and close waits are 3 s and 5 s).
+STOP_SETTLE_S = 30.0
+
 
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
@@ -31,6 +35,25 @@ class Lifecycle:
     #: The cluster this kernel only watches (``%jaxsys watch``), or None: while it is set,
     #: starting, stopping and every cell on the processes are refused.
     watching = None
+
+    def _settle(self) -> None:
+        """Wait for a stop that another thread began (the sidebar's Stop) to end, so that
+        what follows sees the cluster stopped, not processes being killed.
+
+        Raises
+        ------
+        UsageError
+            If the teardown has not ended within :data:`STOP_SETTLE_S`.
+        """
+        cluster = self.cluster
+        if cluster is None or cluster.state != "stopping" or cluster.wait_stopped(1.0):
+            return
+        print("jaxsys: waiting for the cluster's stop to end ...", file=sys.stderr)
+        if not cluster.wait_stopped(STOP_SETTLE_S):
+            raise UsageError(
+                f"the cluster is still stopping after {STOP_SETTLE_S:g} s; %jaxsys status "
+                "shows what is left, %jaxsys stop tries again"
+            )
 
     def defaults(self) -> dict:
         """The layer under the ``%jaxsys start`` line: the options the kernelspec's
@@ -61,6 +84,7 @@ class Lifecycle:
             If a cluster is already running or an option is invalid.
         """
         refuse_watcher(self, "%jaxsys start")
+        self._settle()
         if self.cluster is not None and self.cluster.state != "stopped":
             raise UsageError(
                 f"a cluster of {self.cluster.nprocs} processes is already running; "
@@ -87,6 +111,7 @@ class Lifecycle:
     def ensure_cluster(self) -> Cluster:
         """Return the running cluster, starting one with the defaults if there is none."""
         refuse_watcher(self, "%%multihost")
+        self._settle()
         if self.cluster is None or self.cluster.state == "stopped":
             return self.start()
         return self.cluster
@@ -94,6 +119,7 @@ class Lifecycle:
     def require_cluster(self) -> Cluster:
         """Return the running cluster or raise a UsageError that says how to start one."""
         refuse_watcher(self, "this command")
+        self._settle()
         if self.cluster is None or self.cluster.state == "stopped":
             raise UsageError("no cluster is running; start one with %jaxsys start")
         return self.cluster
@@ -101,6 +127,7 @@ class Lifecycle:
     def stop(self) -> float | None:
         """Stop the cluster, if any. Returns the seconds it took."""
         refuse_watcher(self, "%jaxsys stop")
+        self._settle()
         if self.cluster is None or self.cluster.state == "stopped":
             return None
         return self.cluster.kill()
