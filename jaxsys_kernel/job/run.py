@@ -17,15 +17,17 @@ from .program import CELL_MARK, ERROR_MARK, EXIT_CODES, STOP_MARK, Program
 # per device: the threads of a process's devices may write its halves apart, even into
 # each other ("[Gloo] Rank [Gloo] Rank 1 is connected ...", then "0 is connected ..."), or
 # break one message over two lines ("1 is connected to ", then "7 peer ranks. ...", or
-# " 7 peer ranks. ", then "Expected number ..."). A piece that could be a user's words is
-# dropped only when it is a whole line.
-_GLOO_TAIL = r"peer ranks\. Expected number of connected peer ranks is : \d+"
+# " 7 peer ranks. ", then "Expected number ..."), or write one message's end into the
+# other's ("Rank 4 is connected to 7 peer ranks. [Gloo] Rank 5 ... is : 7"). A piece that
+# could be a user's words is dropped only when it is a whole line or follows gloo's words.
+_GLOO_EXPECTED = r"Expected number of connected peer ranks is : \d+"
+_GLOO_TAIL = rf"peer ranks\. {_GLOO_EXPECTED}"
 GLOO_CHATTER = (
     r"\[Gloo\] Rank (\d+\s*$)?"
-    rf"|(\[Gloo\] Rank )?(\d+ )?is connected to( \d+ {_GLOO_TAIL})?"
+    rf"|(\[Gloo\] Rank )?(\d+ )?is connected to( \d+ peer ranks\.( {_GLOO_EXPECTED})?)?"
     rf"|(\d+ )?{_GLOO_TAIL}"
     r"|^\s*\d+ peer ranks\.\s*$"
-    r"|^Expected number of connected peer ranks is : \d+\s*$"
+    rf"|^{_GLOO_EXPECTED}\s*$"
 )
 # What a launcher writes into a process's output when it stops the others after one failed
 # (Slurm's step daemon): the process's own output ends there, as it does under the local

@@ -125,6 +125,19 @@ def test_gloo_chatter_broken_before_expected_is_left_out_but_words_like_it_stay(
     )
 
 
+def test_gloo_notices_whose_ends_crossed_leave_nothing_behind():
+    # Process 2's devices (gloo ranks 4 and 5) under Slurm: the first notice's end went to
+    # the second line, after the second notice had been written whole into the first.
+    prog = Program(cells=[Cell(1, "")], hosts=2)
+    expected = "Expected number of connected peer ranks is : 7"
+    outputs = {
+        0: f"{CELL_MARK}1\nsum: 48.0\n",
+        1: f"{CELL_MARK}1\n[Gloo] Rank 4 is connected to 7 peer ranks. [Gloo] Rank 5 is "
+        f"connected to 7 peer ranks. {expected}\n{expected}\nsum: 48.0\n",
+    }
+    assert collate_outputs(prog, outputs).log == "--- cell 1 ---\n[p0-1] sum: 48.0\n"
+
+
 def test_gloo_notices_written_into_each_other_leave_no_number_behind():
     # Process 1's two devices (gloo ranks 2 and 3) wrote their notices into each other, as
     # they did under Slurm; the rank glued before the second notice is gloo's, not output.
