@@ -65,10 +65,11 @@ def _running(mark: str) -> list[int]:
     return found
 
 
-def _ended(mark: str, within: float = 10.0) -> list[int]:
+def _ended(mark: str, within: float = 30.0) -> list[int]:
     """The ``sleep MARK`` processes still running after up to ``within`` s. A restart from
     the standby does not wait for the pods: each ends its old engine (and its group) when it
-    next reads the Secret, on its own poll."""
+    next reads the Secret, on its own poll; the engine's group goes when a thread of the
+    engine's own runs, which on a loaded machine took over 10 s once."""
     deadline = time.monotonic() + within
     while (left := _running(mark)) and time.monotonic() < deadline:
         time.sleep(0.1)
