@@ -443,6 +443,17 @@ def assert_no_errors(page) -> None:
     assert errors.count() == 0, errors.all_inner_texts()
 
 
+def open_sidebar(page, ready: str = "#jaxsys-sidebar", timeout: float = 120.0) -> None:
+    """Click the jaxsys status item and wait for ``ready`` in the sidebar it opens.
+
+    The item shows once the kernel's jaxsys comm has answered, which on a loaded machine
+    can come well after the kernel is idle: both waits end on their condition, within
+    ``timeout`` seconds.
+    """
+    page.locator("#jaxsys-status").click(timeout=timeout * 1000)
+    wait_for(page, ready, timeout)
+
+
 def wait_for(page, selector: str, timeout: float = 30.0):
     """Wait for the first element matching ``selector`` to be visible.
 

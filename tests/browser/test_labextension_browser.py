@@ -25,6 +25,7 @@ from ..browser import (
     available,
     launch,
     open_notebook,
+    open_sidebar,
     run_cell,
     screenshot,
     wait_for,
@@ -269,8 +270,7 @@ def test_status_bar_and_sidebar_in_lab(tag, tmp_path):
                 assert "cache -" not in text, text
                 _check_commands(page)
 
-                page.locator(STATUS).click()
-                wait_for(page, f"{SIDEBAR} tr.jaxsys-process", 10)
+                open_sidebar(page, f"{SIDEBAR} tr.jaxsys-process")
                 assert _rows(page) == dict.fromkeys("0123", "alive")
                 screenshot(page, "labextension-4of4.png")
 
@@ -390,8 +390,7 @@ def test_quickstart_in_notebook7(tag, tmp_path):
                 _wait_status(page, "none", "no cluster", timeout=120)
                 wait_idle(page, 60)
                 # A click on the item opens the sidebar in Notebook 7's left area.
-                page.locator(STATUS).click()
-                wait_for(page, f"{SIDEBAR} .jaxsys-summary:has-text('no cluster')", 10)
+                open_sidebar(page, f"{SIDEBAR} .jaxsys-summary:has-text('no cluster')")
                 screenshot(page, "notebook7-quickstart.png")
                 texts = page.evaluate("() => window.__jaxsysTexts")
                 # The first cluster's 4 processes x 2 devices, in words (labextension/src/model.ts).

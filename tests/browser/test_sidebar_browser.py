@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from ..browser import Lab, available, launch, open_notebook, run_cell, screenshot, wait_for
+from ..browser import (
+    Lab,
+    available,
+    launch,
+    open_notebook,
+    open_sidebar,
+    run_cell,
+    screenshot,
+    wait_for,
+)
 from ..harness import write_notebook
 
 REASON = available()
@@ -69,8 +78,7 @@ def test_sidebar_for_a_new_user(tag, tmp_path):
         try:
             open_notebook(page, lab, "side.ipynb", timeout=120)
             assert status_text(page, "none", "no cluster") == "jaxsys: no cluster"
-            page.locator(STATUS).click()
-            wait_for(page, SIDEBAR, 10)
+            open_sidebar(page)
             # With no cluster only Start can act.
             page.wait_for_function(
                 "() => !document.querySelector('#jaxsys-sidebar button.jaxsys-start').disabled"

@@ -21,6 +21,7 @@ from ..browser import (
     describe_notebook,
     launch,
     open_notebook,
+    open_sidebar,
     run_cell,
     screenshot,
     wait_for,
@@ -82,8 +83,7 @@ def test_the_sidebar_follows_every_surface(tag, tmp_path):
     with Lab(root, work_dir=tmp_path / "lab") as lab, launch(width=1600, height=1000) as page:
         try:
             open_notebook(page, lab, "current.ipynb", timeout=120)
-            page.locator(STATUS).click()
-            wait_for(page, SIDEBAR, 10)
+            open_sidebar(page)
             run_cell(page, AUTO)
             log_has(page, "cluster ready: ", 180)
             wait_idle(page, 60)

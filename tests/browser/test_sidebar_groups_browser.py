@@ -52,6 +52,7 @@ from ..browser import (
     available,
     launch,
     open_notebook,
+    open_sidebar,
     run_cell,
     screenshot,
     wait_for,
@@ -253,8 +254,7 @@ def test_sidebar_summarizes_256_processes_and_opens_a_group(tag, tmp_path):
                 " === 'jaxsys: no cluster'",
                 timeout=60_000,
             )
-            page.locator(STATUS).click()
-            wait_for(page, SIDEBAR, 10)
+            open_sidebar(page)
 
             run_cell(page, 0)
             wait_for(page, f"{OUTPUT}:has-text('simulated agents:')", 120)

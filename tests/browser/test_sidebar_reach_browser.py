@@ -22,6 +22,7 @@ from ..browser import (
     available,
     launch,
     open_notebook,
+    open_sidebar,
     run_cell,
     screenshot,
     wait_for,
@@ -78,8 +79,7 @@ def test_every_sidebar_control_inside_the_panel(tag, tmp_path):
                 " === 'jaxsys: no cluster'",
                 timeout=60_000,
             )
-            page.locator(STATUS).click()
-            wait_for(page, SIDEBAR, 10)
+            open_sidebar(page)
             run_cell(page, 0)
             wait_for(page, f"{OUTPUT}:has-text('stand-in installed')", 60)
             wait_idle(page, 60)

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from ..harness import write_notebook
-from . import Lab, available, launch, open_notebook, screenshot, wait_for
+from . import Lab, available, launch, open_notebook, open_sidebar, screenshot
 
 REASON = available()
 
@@ -74,8 +74,7 @@ def page(tag, tmp_path_factory):
     write_notebook(root / "fresh.ipynb", ["print('a new kernel')"])
     with Lab(root, work_dir=tmp / "lab") as lab, launch(width=1400, height=1000) as page:
         open_notebook(page, lab, "sees.ipynb", timeout=120)
-        page.locator(STATUS).click()
-        wait_for(page, SIDEBAR, 10)
+        open_sidebar(page)
         yield page
 
 
