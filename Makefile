@@ -10,8 +10,9 @@ PYTEST_ARGS ?=
 # Test files run on this many workers (pytest-xdist), each file whole on one worker, so that a
 # module's shared cluster or kernel is started once. Most of a live test's time is spent
 # waiting on other processes: on 2 cores, one worker took 34 min from a fresh clone, three
-# took 17 min, four 18 min (the cores, not the waits, are then the limit). TEST_WORKERS=1
-# runs them one after another.
+# took 17 min. Four took 16.5 min against three's 17.3 on the same day, but the cores were
+# then 91 % busy and the tests' own times 27 % longer, and two timing-bound tests failed: the
+# cores, not the waits, are the limit. TEST_WORKERS=1 runs them one after another.
 TEST_WORKERS ?= 3
 
 .PHONY: install lab test lint bench docs clean
