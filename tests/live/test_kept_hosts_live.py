@@ -111,11 +111,25 @@ def test_kept_hosts_are_attached_to_from_another_kernel(tmp_path):
     _nothing_left(tag, pids)
 
 
+def _lease_lapsed(state: Path, key: str) -> bool:
+    """Whether the lease on ``key`` is past its expiry (or already removed)."""
+    try:
+        return time.time() > _lease(state, key)["expires"]
+    except FileNotFoundError:
+        return True
+    except ValueError:  # caught while being rewritten: look again
+        return False
+
+
 def _lapsed_and_forgotten(tag: str, state: Path, key: str, died: float, pids, live=None):
-    """After the TTL + 5 s from ``died``: nothing left (but the ``live`` kernel), and an
-    attach says the hosts lapsed, then forgets them."""
+    """Once the lease has lapsed (at most the TTL + 5 s from ``died``): nothing left (but the
+    ``live`` kernel), and an attach says the hosts lapsed, then forgets them."""
     _nothing_left(tag, pids, live)
-    time.sleep(max(0.0, TTL_S + 5 - (time.monotonic() - died)))
+    _wait(
+        lambda: _lease_lapsed(state, key),
+        "the lease's lapse",
+        TTL_S + 5 - (time.monotonic() - died),
+    )
     _nothing_left(tag, pids, live)
     c = _kernel(tag, state)
     try:
