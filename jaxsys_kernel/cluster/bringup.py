@@ -1,8 +1,7 @@
 """Bringing engines up: wait for them to register, learn which rank each serves, and
 initialise JAX everywhere, each with a deadline, explaining per process what went wrong.
 
-The functions receive the :class:`~jaxsys_kernel.cluster.world.World` being started or
-restarted and change only it.
+Each function changes only the :class:`~jaxsys_kernel.cluster.world.World` it is given.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from .. import _compat, _ranges
 from ..engine.registry import engine_module
 from ..telemetry.hub import TelemetryHub
 from . import security
+from .first_answers import answers
 from .profile import controller_file, engine_file, kept_logs, make_profile
 from .records import ClusterStartError, ProcessInfo
 from .teardown import controller_ended, sub_launchers
@@ -258,7 +258,7 @@ async def identify(
 ) -> dict[int, dict]:
     """Ask the engines which rank each serves; returns their descriptions by rank."""
     ar = world.client[engine_ids].apply_async(bootstrap.describe_process)
-    infos = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=IDENTIFY_TIMEOUT_S)
+    infos = await answers(world, ar, engine_ids, IDENTIFY_TIMEOUT_S)
     by_rank: dict[int, dict] = {}
     for eid, info in zip(engine_ids, infos, strict=True):
         info["engine_id"] = eid
@@ -289,7 +289,7 @@ async def take_over(world, spares: dict) -> dict[int, dict]:
     }
     infos: dict[int, dict] = {}
     for r, ar in ars.items():
-        info = await asyncio.wait_for(asyncio.wrap_future(ar), timeout=IDENTIFY_TIMEOUT_S)
+        info = await answers(world, ar, [spares[r].engine_id], IDENTIFY_TIMEOUT_S)
         if info["rank"] != r:
             raise ClusterStartError(
                 f"the standby engine {spares[r].engine_id} kept for process {r} reports "

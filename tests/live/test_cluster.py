@@ -76,6 +76,27 @@ def test_rank_mismatch_is_refused(cluster):
         )
 
 
+def test_an_engine_that_does_not_answer_at_bring_up_is_named(cluster):
+    import asyncio
+    import time
+
+    from jaxsys_kernel.cluster.first_answers import answers
+    from jaxsys_kernel.cluster.records import ClusterStartError
+
+    eids = [p.engine_id for p in cluster.processes]
+    # Process 1's engine is busy with an earlier request, so the question waits behind it.
+    busy = cluster.client[eids[1]].apply_async(time.sleep, 5)
+    ar = cluster.client[eids].apply_async(lambda: "here")
+    try:
+        with pytest.raises(ClusterStartError) as raised:
+            asyncio.run(answers(cluster.world, ar, eids, 1.0))
+        assert f"engine(s) {eids[1]} registered but did not answer within 1 s" in str(raised.value)
+    finally:
+        # A real failed start keeps the logs; this one does not stop the cluster.
+        cluster.world.keep_logs = False
+        busy.get(timeout=60)
+
+
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
