@@ -16,6 +16,9 @@ On one local cluster (``--hosts`` processes x 1 CPU device, 4 by default):
    what a cell costs once (its request and reply, and the first cell after the switch). *Per
    cell*: the long cells' times. Each is the median of the pairs' ratios, with a bootstrap
    95 % interval. Each process holds ``--live`` arrays (256), as a model's parameters do.
+   Both again for the processes' CPU time over the same cells (every thread counted, the
+   CPU devices' too): what the records add to the machine's work, less noisy than wall time
+   where processes share cores.
    Twice: for a loop that dispatches its steps ahead (each step's end is stamped by a thread
    of the recorder's, which wakes once per step) and for one that waits for each step with
    ``block_until_ready`` (its end is stamped when that returns, on the main thread).
@@ -53,6 +56,8 @@ import signal
 import statistics
 import time
 
+import psutil
+
 from jaxsys_kernel import Cluster
 from jaxsys_kernel import cells as executor
 from jaxsys_kernel.engine.registry import engine_module
@@ -87,6 +92,18 @@ def run(cluster, code: str) -> float:
     if r.failed():
         raise SystemExit(f"the cell failed: {r!r}")
     return time.perf_counter() - t0
+
+
+def engine_cpu(procs: list[psutil.Process]) -> float:
+    """Seconds of CPU the processes have used, every thread of theirs counted."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def timed(cluster, code: str, procs: list[psutil.Process]) -> tuple[float, float]:
+    """A cell's wall seconds and the seconds of CPU its processes spent meanwhile."""
+    cpu = engine_cpu(procs)
+    wall = run(cluster, code)
+    return wall, engine_cpu(procs) - cpu
 
 
 def call(cluster, ranks, fn, *args):
@@ -144,7 +161,10 @@ def cost(cluster, reps: int, steps: int) -> None:
 
 def _cost(cluster, reps: int, steps: int, loop: str, label: str) -> None:
     short, long = loop.format(n=SHORT), loop.format(n=steps)
-    times: dict[tuple[bool, int], list[float]] = {
+    pids = cluster.call(cluster.ranks, os.getpid, timeout=60.0).values()
+    procs = [psutil.Process(pid) for pid in pids.values()]
+    # (wall, CPU) per cell, by (records on, steps in the cell)
+    times: dict[tuple[bool, int], list[tuple[float, float]]] = {
         (on, n): [] for on in (True, False) for n in (SHORT, steps)
     }
     for i in range(reps + 1):
@@ -154,29 +174,34 @@ def _cost(cluster, reps: int, steps: int, loop: str, label: str) -> None:
             # The first cell after a switch pays for the switch (CPython's monitoring
             # instruments each call site again), which a training run pays once: the short
             # cell takes it, and takes the cell's own fixed cost, which the steps do not.
-            a, b = run(cluster, short), run(cluster, long)
+            a, b = timed(cluster, short, procs), timed(cluster, long, procs)
             if i:  # the first pair warms up
                 times[on, SHORT].append(a)
                 times[on, steps].append(b)
-    on, off = times[True, steps], times[False, steps]
-    cells = [x / y for x, y in zip(on, off, strict=True)]
-    # One step's time is the long cell's less the short one's, over the steps between:
-    # the cell's fixed cost (its request, reply and output) falls out.
-    per_step = [
-        (a - b) / (c - d)
-        for a, b, c, d in zip(on, times[True, SHORT], off, times[False, SHORT], strict=True)
-    ]
     step_ms = statistics.median(
-        (c - d) / (steps - SHORT) * 1e3 for c, d in zip(off, times[False, SHORT], strict=True)
+        (c[0] - d[0]) / (steps - SHORT) * 1e3
+        for c, d in zip(times[False, steps], times[False, SHORT], strict=True)
     )
-    print(f"cost, {label}: {steps} steps of {step_ms:.1f} ms, {len(cells)} pairs")
-    for name, ratios in (("per step", per_step), (f"per {steps}-step cell", cells)):
-        q = statistics.quantiles(ratios, n=4)
-        low, high = _median_interval(ratios)
-        print(
-            f"  {name}: with / without {statistics.median(ratios):.4f} "
-            f"(95 % interval {low:.4f}-{high:.4f}; pairs' quartiles {q[0]:.3f}-{q[2]:.3f})"
-        )
+    print(f"cost, {label}: {steps} steps of {step_ms:.1f} ms, {len(times[True, steps])} pairs")
+    # Wall time is what the target is about; the processes' CPU time (every thread, the
+    # devices' included on CPU) is what the records add to the machine's work, and it
+    # moves less from pair to pair than wall time on a machine whose cores are shared.
+    for k, what in ((0, "wall"), (1, "CPU")):
+        on, off = [t[k] for t in times[True, steps]], [t[k] for t in times[False, steps]]
+        # One step's share is the long cell's less the short one's, over the steps between:
+        # the cell's fixed cost (its request, reply and output) falls out.
+        per_step = [
+            (a - b[k]) / (c - d[k])
+            for a, b, c, d in zip(on, times[True, SHORT], off, times[False, SHORT], strict=True)
+        ]
+        cells = [x / y for x, y in zip(on, off, strict=True)]
+        for name, ratios in (("per step", per_step), (f"per {steps}-step cell", cells)):
+            q = statistics.quantiles(ratios, n=4)
+            low, high = _median_interval(ratios)
+            print(
+                f"  {what}, {name}: with / without {statistics.median(ratios):.4f} "
+                f"(95 % interval {low:.4f}-{high:.4f}; pairs' quartiles {q[0]:.3f}-{q[2]:.3f})"
+            )
 
 
 def _median_interval(values: list[float], resamples: int = 2000) -> tuple[float, float]:
