@@ -87,7 +87,10 @@ def describe_process() -> dict:
     # Deferred: as above.
     from IPython import get_ipython
 
-    _compat.quiet_engine_iopub(getattr(get_ipython(), "kernel", None))
+    kernel = getattr(get_ipython(), "kernel", None)
+    _compat.quiet_engine_iopub(kernel)
+    _compat.quiet_engine_log(kernel)
+    _compat.memo_run_cell_signature()
     nanny_pid = _compat.nanny_pid()
     host = socket.gethostname()
     address = _host_address(host)

@@ -3,7 +3,7 @@
 jaxsys reaches past the public API of ipyparallel 9.2 and ipykernel 7.4 where their public
 API cannot do what it needs (a hook before a request leaves, engine uuids, ssh launcher
 internals, kernel subshells). Each reach is a small function here, so an upgrade that moves
-one breaks in this file, and :func:`check_versions` refuses versions it was not written for
+one breaks in this package, and :func:`check_versions` refuses versions it was not written for
 with a clear error instead of an ``AttributeError`` deep inside a cell.
 
 Imports of ipyparallel and ipykernel are inside the functions: the ``jaxsys`` command
@@ -26,7 +26,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 
-from .errors import JaxsysError
+from ..errors import JaxsysError
+
+# Callers reach each shortcut through an engine's kernel as _compat.<name>.
+from .engine_kernel import (  # noqa: F401
+    memo_run_cell_signature,
+    quick_empty_flush,
+    quiet_engine_iopub,
+    quiet_engine_log,
+)
 
 # The releases this module was written and tested against (major, minor).
 IPYPARALLEL = (9, 2)
@@ -283,75 +291,6 @@ def start_nanny_through(stub) -> None:
 
     # IPEngine.start_nanny calls the module's name, bound when ipyparallel 9 imported it.
     app.start_nanny = partial(stub.start, app.start_nanny)
-
-
-def quiet_engine_iopub(kernel) -> bool:
-    """Stop an engine's kernel publishing ``status: busy`` and ``execute_input`` for the
-    requests on its shell channel; True once it is so.
-
-    Nobody reads them: ipyparallel's client and jaxsys's cell path read a request's output,
-    its reply and its ``idle`` status (no output of the request follows that). Each is a
-    message the engine signs and sends, the controller relays and the kernel's client
-    unpacks: measured at 8 processes, 0.7 ms of CPU per process per trivial cell, of
-    about 5 ms. The control channel (interrupts, aborts) still says ``busy``.
-    """
-    if kernel is None or not hasattr(kernel, "_publish_status"):
-        return False
-    if getattr(kernel, "_jaxsys_quiet", False):
-        return True
-    publish = kernel._publish_status
-
-    def publish_status(status, channel, parent=None):
-        if status == "busy" and channel == "shell":
-            return
-        publish(status, channel, parent)
-
-    kernel._publish_status = publish_status
-    kernel._publish_execute_input = lambda code, parent, execution_count: None
-    kernel._jaxsys_quiet = True
-    return True
-
-
-def quick_empty_flush(stream) -> bool:
-    """Let ``flush()`` of an ipykernel output stream return at once when it has nothing to
-    send; True once it does.
-
-    ``OutStream.flush`` waits for its IO thread even with nothing written: a round trip
-    between threads, four per request in an engine (stdout and stderr, before and after the
-    reply), each 38 us of CPU and 37-160 us of waiting at 8 processes on 2 cores. It is still
-    made when anything was written since the last send, a send is scheduled, or one is under
-    way (output off the buffer, not yet on the socket): output leaves before what follows.
-    """
-    if not all(hasattr(stream, a) for a in ("_flush", "_buffers", "_buffer_lock", "flush")):
-        return False
-    if getattr(stream, "_jaxsys_quick_flush", False):
-        return True
-    # Sends begun and ended. ipykernel sends on one thread at a time (its IO thread, or the
-    # caller once that is gone), so these need no lock: a lock held at a fork would hang
-    # every flush of the child.
-    begun, ended = [0], [0]
-    send, full_flush = stream._flush, stream.flush
-
-    def counted_send():
-        begun[0] += 1
-        try:
-            send()
-        finally:
-            ended[0] += 1
-
-    def flush():
-        with stream._buffer_lock:
-            written = bool(stream._buffers)
-        pending = getattr(stream, "_flush_pending", True)
-        pending = pending or getattr(stream, "_subprocess_flush_pending", True)
-        if written or pending or begun[0] != ended[0]:
-            full_flush()
-
-    # Instance attributes: ipykernel schedules ``self._flush``, so its IO thread finds ours.
-    stream._flush = counted_send
-    stream.flush = flush
-    stream._jaxsys_quick_flush = True
-    return True
 
 
 def engine_heartbeat_monitor_port() -> int | None:
