@@ -95,10 +95,16 @@ class SSHServers:
 
     user = "root"
 
-    def __init__(self, hosts: netns.TestHosts, workdir: Path, *, timeout: float = 900) -> None:
+    def __init__(
+        self, hosts: netns.TestHosts, workdir: Path, *, timeout: float = 900, own_tmp: bool = False
+    ) -> None:
         self.hosts = hosts
         self.workdir = Path(workdir)
         self.timeout = timeout
+        # Each host's sessions get a TMPDIR of their own (see _setup), as each real machine
+        # has its own /tmp.
+        self.own_tmp = own_tmp
+        self.tmpdirs: list[Path] = []
         self.dir = Path()
         self.client_key = Path()
         self.configs: list[Path] = []
@@ -208,14 +214,24 @@ class SSHServers:
         authorized.chmod(0o600)
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         PRIVSEP_DIR.chmod(0o755)  # sshd insists it is root-owned and not group-writable
+        self.tmpdirs = []
         for i, addr in enumerate(self.hosts.host_addresses):
             config = self.dir / f"sshd_config.{i}"
+            tmpdir = None
+            if self.own_tmp:
+                # The hosts share this machine's /tmp and its host name, so a program that
+                # names its files there after the host (Open MPI's daemons do:
+                # ompi.<host>.<uid>) would share them between hosts.
+                tmpdir = self.dir / f"tmp.{i}"
+                tmpdir.mkdir(mode=0o700)
+                self.tmpdirs.append(tmpdir)
             config.write_text(
                 _config(
                     addr,
                     host_key=host_key,
                     authorized_keys=authorized,
                     pid_file=self.dir / f"sshd.{i}.pid",
+                    tmpdir=tmpdir,
                 )
             )
             self.configs.append(config)
@@ -361,8 +377,11 @@ def _checked(argv: list[str], failure: str) -> None:
         raise RuntimeError(f"{failure}: {proc.stderr.strip() or proc.returncode}")
 
 
-def _config(address: str, *, host_key: Path, authorized_keys: Path, pid_file: Path) -> str:
-    """The text of an ``sshd_config`` for a server listening on ``address``."""
+def _config(
+    address: str, *, host_key: Path, authorized_keys: Path, pid_file: Path, tmpdir=None
+) -> str:
+    """The text of an ``sshd_config`` for a server listening on ``address`` (its sessions'
+    ``TMPDIR`` is ``tmpdir`` when given)."""
     lines = [
         f"ListenAddress {address}",
         "Port 22",
@@ -392,6 +411,8 @@ def _config(address: str, *, host_key: Path, authorized_keys: Path, pid_file: Pa
         "PrintLastLog no",
         "X11Forwarding no",
     ]
+    if tmpdir is not None:
+        lines.append(f"SetEnv TMPDIR={tmpdir}")
     return "\n".join(lines) + "\n"
 
 

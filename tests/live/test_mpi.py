@@ -146,7 +146,7 @@ def ssh_hosts(mpi, tag, tmp_path_factory):
     work = tmp_path_factory.mktemp("mpi-ssh")
     with (
         netns.TestHosts(3, prefix="mh") as hosts,
-        sshd.SSHServers(hosts, work) as ssh,
+        sshd.SSHServers(hosts, work, own_tmp=True) as ssh,
         pytest.MonkeyPatch.context() as mp,
     ):
         hostfile = work / "hostfile"
@@ -156,7 +156,10 @@ def ssh_hosts(mpi, tag, tmp_path_factory):
         # wire up ("ORTE does not know how to route a message to the specified daemon"),
         # for which Open MPI itself suggests routed=direct: every daemon talks to mpiexec.
         mp.setenv("OMPI_MCA_routed", "direct")
-        yield hosts, hostfile
+        # Each host's Open MPI daemon keeps its files under that host's own TMPDIR: with
+        # /tmp and the host name shared, every daemon (and mpiexec here) would otherwise
+        # make and remove the same ompi.<host>.<uid> folder.
+        yield hosts, hostfile, ssh
 
 
 def _mpi_on_hosts(hosts) -> list[int]:
@@ -175,7 +178,7 @@ def _mpi_on_hosts(hosts) -> list[int]:
 
 
 def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, tag):
-    hosts, hostfile = ssh_hosts
+    hosts, hostfile, ssh = ssh_hosts
     c = Cluster(hosts=3, devices_per_host=1, launcher="mpi", controller_ip=hosts.bridge_address,
                 env={"JAX_PLATFORMS": "cpu", TAG_VAR: tag},
                 launcher_options={"hostfile": str(hostfile)}, progress=lambda e: None)  # fmt: skip
@@ -187,6 +190,9 @@ def test_a_hostfile_puts_process_i_on_host_i_and_stop_leaves_nothing(ssh_hosts, 
         assert run_on(c, WHERE_CELL) == "".join(f"[p{i}] {i} {i}\n" for i in range(3))
         assert _only_line(run_on(c, SUM_CELL)) == "total 6.0"
         assert len(_mpi_on_hosts(hosts)) >= 3
+        # Each host's daemon keeps its files in that host's own TMPDIR.
+        made = [sorted(p.name for p in d.iterdir()) for d in ssh.tmpdirs]
+        assert all(any(n.startswith("ompi.") for n in names) for names in made), made
         # mpiexec's own files are where Open MPI puts them: the launcher removes them.
         mpiexec = _launcher_pid(c)
         (session,) = default_session_dirs(mpiexec)
@@ -211,7 +217,7 @@ def _start_sleep():
 
 
 def test_what_cells_started_on_the_hosts_ends_with_restart_and_with_stop(ssh_hosts, tag):
-    hosts, hostfile = ssh_hosts
+    hosts, hostfile, ssh = ssh_hosts
     c = Cluster(hosts=2, devices_per_host=1, launcher="mpi", controller_ip=hosts.bridge_address,
                 env={"JAX_PLATFORMS": "cpu", TAG_VAR: tag},
                 launcher_options={"hostfile": str(hostfile)}, progress=lambda e: None)  # fmt: skip
