@@ -7,6 +7,19 @@ import signal
 import psutil
 
 
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """Seconds of CPU (user and system, every thread) the processes have used; one that is
+    gone counts nothing."""
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def running(p: psutil.Process) -> bool:
     """Whether ``p`` still runs (a zombie does not)."""
     try:

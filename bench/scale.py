@@ -42,6 +42,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _procs import cpu_seconds  # noqa: E402
+
 from jaxsys_kernel import Cluster  # noqa: E402
 from jaxsys_kernel import cells as executor  # noqa: E402
 from jaxsys_kernel.cluster.records import ClusterStartError  # noqa: E402
@@ -126,28 +128,17 @@ def measure(n: int, reps: int) -> dict:
         cluster.stop_sync()
 
 
-def _cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
-
-
 def idle_cpu(cluster) -> tuple[float, float]:
     """Milliseconds of CPU a second, while idle: per process, and the controller's."""
     engines = [psutil.Process(p.pid) for p in cluster.processes if p.pid]
     ctl = psutil.Process(cluster.world.ipp.controller.process.pid)
     controller = [ctl, *ctl.children(recursive=True)]
-    e0, c0, t0 = _cpu_seconds(engines), _cpu_seconds(controller), time.perf_counter()
+    e0, c0, t0 = cpu_seconds(engines), cpu_seconds(controller), time.perf_counter()
     print(f"    idle CPU: measuring for {IDLE_WINDOW_S:g} s", flush=True)
     time.sleep(IDLE_WINDOW_S)  # the window itself is what is measured
     dt = time.perf_counter() - t0
-    per_engine = (_cpu_seconds(engines) - e0) / dt / max(1, len(engines)) * 1e3
-    return per_engine, (_cpu_seconds(controller) - c0) / dt * 1e3
+    per_engine = (cpu_seconds(engines) - e0) / dt / max(1, len(engines)) * 1e3
+    return per_engine, (cpu_seconds(controller) - c0) / dt * 1e3
 
 
 def proportional_sizes(pids: list[int]) -> list[int]:

@@ -57,6 +57,7 @@ import statistics
 import time
 
 import psutil
+from _procs import cpu_seconds
 
 from jaxsys_kernel import Cluster
 from jaxsys_kernel import cells as executor
@@ -94,16 +95,11 @@ def run(cluster, code: str) -> float:
     return time.perf_counter() - t0
 
 
-def engine_cpu(procs: list[psutil.Process]) -> float:
-    """Seconds of CPU the processes have used, every thread of theirs counted."""
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
-
-
 def timed(cluster, code: str, procs: list[psutil.Process]) -> tuple[float, float]:
     """A cell's wall seconds and the seconds of CPU its processes spent meanwhile."""
-    cpu = engine_cpu(procs)
+    cpu = cpu_seconds(procs)
     wall = run(cluster, code)
-    return wall, engine_cpu(procs) - cpu
+    return wall, cpu_seconds(procs) - cpu
 
 
 def call(cluster, ranks, fn, *args):

@@ -70,7 +70,7 @@ import sys
 import time
 
 import psutil
-from _procs import reap
+from _procs import cpu_seconds, reap
 
 # Measured without a standby: its engines would boot alongside what is measured
 # (bench/faults.py measures the standby).
@@ -170,17 +170,6 @@ def _tree(roots: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
-
-
-def _cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 # -- the dashboard without a front end -----------------------------------------------------------
@@ -338,12 +327,12 @@ class Setup:
         events0 = hub.received if hub is not None else 0
         updates0 = self.dash.updates if self.dash is not None else 0
         me = psutil.Process()
-        cpu0, kernel0 = _cpu_seconds(self.procs), _cpu_seconds([me])
+        cpu0, kernel0 = cpu_seconds(self.procs), cpu_seconds([me])
         t0 = time.perf_counter()
         rates = self.run(n)
         self.active_s += time.perf_counter() - t0
-        self.cluster_cpu_s += _cpu_seconds(self.procs) - cpu0
-        self.kernel_cpu_s += _cpu_seconds([me]) - kernel0
+        self.cluster_cpu_s += cpu_seconds(self.procs) - cpu0
+        self.kernel_cpu_s += cpu_seconds([me]) - kernel0
         self.steps += n
         if hub is not None:
             self.events += hub.received - events0
@@ -355,7 +344,7 @@ class Setup:
 
     def _background_cpu(self) -> float:
         """CPU seconds of this setup's processes and of its hub's thread in this process."""
-        total = _cpu_seconds(self.procs)
+        total = cpu_seconds(self.procs)
         hub = self.cluster.telemetry
         if hub is not None:
             ident = hub._thread.native_id

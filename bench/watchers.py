@@ -47,7 +47,7 @@ from pathlib import Path
 
 import ipyparallel as ipp
 import psutil
-from _procs import reap
+from _procs import cpu_seconds, reap
 from jupyter_client.manager import KernelManager
 
 from jaxsys_kernel.cluster.watch_snapshot import PERIOD, snapshot_path
@@ -82,12 +82,9 @@ def timed_cpu(procs: list, into: list, run):
     """``run()``, adding the CPU seconds ``procs`` used meanwhile and the wall seconds to
     ``into``; returns what ``run`` returned."""
 
-    def used() -> float:
-        return sum(sum(p.cpu_times()[:2]) for p in procs)
-
-    before, t0 = used(), time.perf_counter()
+    before, t0 = cpu_seconds(procs), time.perf_counter()
     result = run()
-    into[0] += used() - before
+    into[0] += cpu_seconds(procs) - before
     into[1] += time.perf_counter() - t0
     return result
 
