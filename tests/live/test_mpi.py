@@ -153,8 +153,9 @@ def ssh_hosts(mpi, tag, tmp_path_factory):
         hostfile.write_text("".join(f"{a} slots=1\n" for a in hosts.host_addresses))
         mp.setenv("OMPI_MCA_plm_rsh_agent", shlex.join(["ssh", *ssh.ssh_args]))
         # In full runs of the suite Open MPI 4.1's daemons on these hosts sometimes failed to
-        # wire up ("ORTE does not know how to route a message to the specified daemon"),
-        # for which Open MPI itself suggests routed=direct: every daemon talks to mpiexec.
+        # wire up ("ORTE does not know how to route a message to the specified daemon").
+        # Open MPI's own advice, routed=direct (every daemon talks to mpiexec), did not end
+        # that alone; the folders below are the other half.
         mp.setenv("OMPI_MCA_routed", "direct")
         # Each host's Open MPI daemon keeps its files under that host's own TMPDIR: with
         # /tmp and the host name shared, every daemon (and mpiexec here) would otherwise
