@@ -30,6 +30,26 @@ def test_coordinator_binds_loopback(cluster):
     assert cluster.coordinator_address.startswith("127.0.0.1:")
 
 
+def test_the_controller_binds_only_ports_the_kernel_holds(cluster):
+    import psutil
+
+    from jaxsys_kernel.cluster import controller_ports
+    from jaxsys_kernel.cluster.launchers.base import BROADCAST_DEPTH
+
+    held = {s.getsockname()[1] for s in cluster.world.launcher._controller_ports}
+    assert len(held) == controller_ports.count(BROADCAST_DEPTH)
+    assert all(p < controller_ports.RANDOM_BINDS_FROM for p in held), held
+    controller = psutil.Process(cluster.world.ipp.controller.pid)
+    listening = {
+        c.laddr.port
+        for proc in [controller, *controller.children(recursive=True)]
+        for c in proc.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    # Every queue and channel bound one of them: none was left to a port found free and let go.
+    assert listening == held, (sorted(listening), sorted(held))
+
+
 def test_cross_process_psum(cluster):
     code = """
 import jax, numpy as np

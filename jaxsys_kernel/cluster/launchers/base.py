@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import contract
 from ..._ranges import format_procs
-from .. import stacks
+from .. import controller_ports, stacks
 from ..allocation import Allocation
 from ..security import handshake_trace_env
 from ..teardown import (
@@ -138,6 +138,8 @@ class Launcher(LauncherKind):
         self.engine_sets: dict[int, str] = {}
         # Ports held for a process that has yet to bind them (see engine/ports.py).
         self._held_ports: list[socket.socket] = []
+        # The controller's, held for as long as it runs (see cluster/controller_ports.py).
+        self._controller_ports: list[socket.socket] = []
         # The hosts the engines are started on (a scheduler's launcher gets its job later).
         self.allocation = self.make_allocation()
 
@@ -167,6 +169,11 @@ class Launcher(LauncherKind):
         if secure:
             # Engines and the client pick up the server key from the connection files.
             controller_args.append("--IPController.enable_curve=True")
+        # A new controller's own: those of an earlier one (a restart) are let go.
+        self.release_controller_ports()
+        self._controller_ports = controller_ports.hold(controller_ports.count(BROADCAST_DEPTH))
+        if self._controller_ports:
+            controller_args.append(controller_ports.option(self._controller_ports))
         self.ipp = ipp.Cluster(
             profile_dir=str(profile),
             n=self.config.nprocs,
@@ -208,6 +215,7 @@ class Launcher(LauncherKind):
     def release(self) -> None:
         """At teardown: give back what the cluster held (ports; a scheduler's job)."""
         self.release_ports()
+        self.release_controller_ports()
 
     def job(self) -> dict[str, Any] | None:
         """The allocation the engines run on: its ``job_id`` (None outside a scheduler),
@@ -234,6 +242,11 @@ class Launcher(LauncherKind):
         held, self._held_ports = self._held_ports, []
         for s in held:
             s.close()
+
+    def release_controller_ports(self) -> None:
+        """Close the sockets holding the controller's ports (at teardown)."""
+        held, self._controller_ports = self._controller_ports, []
+        controller_ports.release(held)
 
     def coordinator_host(self, p0_address: str) -> str:
         """The host the other processes reach process 0's coordination service at."""
