@@ -2,14 +2,38 @@
 
 An engine that registered but never answers (stuck before its first request, or starved on a
 loaded machine) would otherwise end the start with a bare ``TimeoutError``, naming nobody.
+
+Silence has a second cause that the engines cannot help: the kernel's own client, whose I/O
+thread sends every request, may itself be stuck, and then no question ever left the kernel.
+So before the engines are blamed, the client's I/O loop is asked to run one callback; when it
+does not, the error says so, and the kernel's log gets where each of its threads was. A third
+cause is the controller's: one of the processes it runs for its queues can end at start (its
+port taken), and the controller runs on without it. Its log says so, and so does the error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
 
 from .profile import kept_logs
 from .records import ClusterStartError
+
+# Seconds the client's I/O loop has to run a callback once the engines were silent.
+LOOP_PROBE_S = 2.0
+# Innermost frames of each kernel thread logged when that loop did not run.
+THREAD_FRAMES = 12
+# The end of the controller's log read for the errors that ended its processes.
+CONTROLLER_LOG_TAIL = 64 * 1024
+# An exception's last line in a traceback, as Python prints it (not indented).
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): .+$", re.M)
+log = logging.getLogger("jaxsys.cluster")
 
 
 async def answers(world, ar, engine_ids: list[int], timeout: float) -> list:
@@ -19,7 +43,7 @@ async def answers(world, ar, engine_ids: list[int], timeout: float) -> list:
     ------
     ClusterStartError
         Naming the engines that had not answered within ``timeout`` seconds, and where their
-        logs are kept.
+        logs are kept; or saying that the kernel's own client was stuck, if it was.
     """
     try:
         return await asyncio.wait_for(asyncio.wrap_future(ar), timeout=timeout)
@@ -29,8 +53,66 @@ async def answers(world, ar, engine_ids: list[int], timeout: float) -> list:
         # The teardown that follows keeps the logs where the message says.
         world.keep_logs = True
         names = ", ".join(str(e) for e in (silent or engine_ids))
+        if not await loop_runs(world.client, LOOP_PROBE_S):
+            log.warning("the kernel's threads when its client was found stuck:\n%s", threads())
+            raise ClusterStartError(
+                f"engine(s) {names} registered, but the kernel's own client did not run for "
+                f"{LOOP_PROBE_S:g} s after {timeout:g} s without answers: the question may never "
+                "have left the kernel (where its threads were is in the kernel's log). Start "
+                "again; the engine logs are kept in "
+                f"{kept_logs(world.profile)}."
+            ) from None
+        lost = controller_errors(world.profile)
+        if lost:
+            raise ClusterStartError(
+                f"engine(s) {names} registered but did not answer within {timeout:g} s: a "
+                f"process of the controller ended at start ({'; '.join(lost)}), so requests "
+                "may not reach the engines. Start again; the logs are kept in "
+                f"{kept_logs(world.profile)}."
+            ) from None
         raise ClusterStartError(
             f"engine(s) {names} registered but did not answer within {timeout:g} s (busy or "
             f"stuck before their first request); the engine logs are kept in "
             f"{kept_logs(world.profile)}. On a loaded machine, start again with fewer processes."
         ) from None
+
+
+async def loop_runs(client, timeout: float) -> bool:
+    """Whether ``client``'s I/O loop (the thread that sends its requests) runs a callback
+    within ``timeout`` seconds."""
+    ran = threading.Event()
+    try:
+        client._io_loop.add_callback(ran.set)
+    except Exception:  # noqa: BLE001 - a loop that cannot take a callback does not run
+        return False
+    deadline = time.monotonic() + timeout
+    while not ran.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return ran.is_set()
+
+
+def controller_errors(profile, limit: int = 3) -> list[str]:
+    """The errors that ended processes of the controller, from the end of its log in
+    ``profile`` (at most ``limit``, each at most 200 characters)."""
+    found: list[str] = []
+    for path in sorted(Path(profile).glob("log/ipcontroller-*.log")):
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - CONTROLLER_LOG_TAIL))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        for line in _RAISED.findall(text):
+            if line[:200] not in found:
+                found.append(line[:200])
+    return found[:limit]
+
+
+def threads(frames: int = THREAD_FRAMES) -> str:
+    """Where each thread of this process is: its name and its innermost ``frames`` frames."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame)[-frames:])
+        parts.append(f"thread {names.get(ident, ident)}:\n{stack}")
+    return "\n".join(parts)
