@@ -21,8 +21,10 @@ import socket
 
 # ipyparallel's engines bind ports drawn at random from here up to 65535.
 RANDOM_BINDS_FROM = 49152
-# Draws of port 0 at most, looking for enough ports below RANDOM_BINDS_FROM.
-MAX_DRAWS = 400
+# Draws of port 0 at most, per port wanted, looking for ports below RANDOM_BINDS_FROM (on
+# Linux's default range about 6 in 10 draws give one; where the system gives none, the
+# sockets open at once stay few).
+DRAWS_PER_PORT = 4
 
 
 def count(depth: int) -> int:
@@ -38,7 +40,7 @@ def hold(n: int) -> list[socket.socket]:
     held: list[socket.socket] = []
     high: list[socket.socket] = []  # above RANDOM_BINDS_FROM: kept bound while drawing
     try:
-        for _ in range(MAX_DRAWS):
+        for _ in range(DRAWS_PER_PORT * n):
             if len(held) >= n:
                 break
             s = socket.socket()

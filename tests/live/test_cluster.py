@@ -38,7 +38,6 @@ def test_the_controller_binds_only_ports_the_kernel_holds(cluster):
 
     held = {s.getsockname()[1] for s in cluster.world.launcher._controller_ports}
     assert len(held) == controller_ports.count(BROADCAST_DEPTH)
-    assert all(p < controller_ports.RANDOM_BINDS_FROM for p in held), held
     controller = psutil.Process(cluster.world.ipp.controller.pid)
     listening = {
         c.laddr.port

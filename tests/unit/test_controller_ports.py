@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import zmq
@@ -23,8 +24,18 @@ def test_as_many_ports_as_the_controller_binds_each_its_own(held):
     assert len(ports) == controller_ports.count(0) == 15
     assert controller_ports.count(1) == 15 + 1 + 2
     assert len(set(ports)) == len(ports)
-    assert all(p < controller_ports.RANDOM_BINDS_FROM for p in ports), ports
+    if _low_ports_given():
+        assert all(p < controller_ports.RANDOM_BINDS_FROM for p in ports), ports
     assert controller_ports.option(held) == "--IPController.ports=" + ",".join(map(str, ports))
+
+
+def _low_ports_given() -> bool:
+    """Whether this system gives ports of its own below the engines' random range."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return low < controller_ports.RANDOM_BINDS_FROM - 1024
 
 
 def test_a_held_port_is_refused_to_others_and_bound_by_zeromq(held):
