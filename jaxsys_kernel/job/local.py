@@ -15,24 +15,18 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..engine.ports import hold_port
 from .program import EXIT_CODES
 
 # Seconds the other processes keep running after one failed.
 GRACE_S = 3.0
 # Linux's prctl option that sends a signal to a process when its parent dies.
 _PR_SET_PDEATHSIG = 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -44,7 +38,12 @@ def _die_with_parent() -> None:
 
 def run(program: str, n: int, out_dir: Path) -> int:
     """Run the processes; the exit code is the first failing process's, or 0."""
-    coordinator = f"127.0.0.1:{_free_port()}"
+    # Held while they run: a port merely found free could be taken before process 0 binds it.
+    with hold_port("127.0.0.1") as held:
+        return _run(program, n, out_dir, f"127.0.0.1:{held.getsockname()[1]}")
+
+
+def _run(program: str, n: int, out_dir: Path, coordinator: str) -> int:
     procs = []
     stopping = Stopping()
     for rank in range(n):

@@ -276,3 +276,28 @@ def test_the_jobs_command_runs_without_a_surrounding_slurm_jobs_variables(tmp_pa
     seen = json.loads((tmp_path / "env.json").read_text())
     assert "SLURM_EXPORT_ENV" not in seen and "SLURM_CPUS_PER_TASK" not in seen
     assert seen["JAXSYS_TEST_KEPT"] == "yes"
+
+
+def test_the_coordinators_port_is_held_while_a_local_jobs_processes_run(tmp_path):
+    from jaxsys_kernel.job import local
+
+    # Process 0 checks what the runner gave it: a plain bind (anyone else) is refused, a
+    # bind with SO_REUSEPORT (JAX's coordination service, through gRPC) is not.
+    program = tmp_path / "program.py"
+    program.write_text(
+        "import os, socket, sys\n"
+        "host, port = os.environ['JAXSYS_COORDINATOR'].rsplit(':', 1)\n"
+        "plain = socket.socket()\n"
+        "try:\n"
+        "    plain.bind((host, int(port)))\n"
+        "    sys.exit('the port was free for anyone')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "s = socket.socket()\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+        "s.bind((host, int(port)))\n"
+        "s.listen()\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    assert local.run(str(program), 1, out) == 0, (out / "p0.out").read_text()
