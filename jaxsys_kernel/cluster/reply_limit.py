@@ -121,6 +121,11 @@ class _BoundedContext(zmq.Context):
     def __init__(self, bound: int = MAX_REPLY_BYTES):
         super().__init__()
         self.bound = bound
+        # Every socket made here drops what it could not deliver when it closes. ZeroMQ's
+        # default keeps it, and ending the context then waits for its delivery: with a
+        # queue of the controller gone, for ever (measured: the whole CONTEXT_END_S, where
+        # it ends at once with this).
+        self.linger = 0
 
     def socket(self, socket_type, *args, **kwargs):
         sock = super().socket(socket_type, *args, **kwargs)
