@@ -25,6 +25,8 @@ from pathlib import Path
 from .profile import kept_logs
 from .records import ClusterStartError
 
+# Seconds between looks at the controller's log while answers are awaited.
+CHECK_S = 1.0
 # Seconds the client's I/O loop has to run a callback once the engines were silent.
 LOOP_PROBE_S = 2.0
 # Innermost frames of each kernel thread logged when that loop did not run.
@@ -39,42 +41,54 @@ log = logging.getLogger("jaxsys.cluster")
 async def answers(world, ar, engine_ids: list[int], timeout: float) -> list:
     """The replies to ``ar``, sent to ``engine_ids`` in that order.
 
+    While they are awaited, the controller's log is looked at every :data:`CHECK_S` seconds:
+    a process of the controller that ended at start ends the wait there, not at ``timeout``.
+
     Raises
     ------
     ClusterStartError
         Naming the engines that had not answered within ``timeout`` seconds, and where their
-        logs are kept; or saying that the kernel's own client was stuck, if it was.
+        logs are kept; or saying that the kernel's own client was stuck, or that the
+        controller lost one of its processes, if so.
     """
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(ar), timeout=timeout)
-    except TimeoutError:
-        outstanding = world.client.outstanding
-        silent = [e for e, m in zip(engine_ids, ar.msg_ids, strict=False) if m in outstanding]
-        # The teardown that follows keeps the logs where the message says.
-        world.keep_logs = True
-        names = ", ".join(str(e) for e in (silent or engine_ids))
-        if not await loop_runs(world.client, LOOP_PROBE_S):
-            log.warning("the kernel's threads when its client was found stuck:\n%s", threads())
-            raise ClusterStartError(
-                f"engine(s) {names} registered, but the kernel's own client did not run for "
-                f"{LOOP_PROBE_S:g} s after {timeout:g} s without answers: the question may never "
-                "have left the kernel (where its threads were is in the kernel's log). Start "
-                "again; the engine logs are kept in "
-                f"{kept_logs(world.profile)}."
-            ) from None
-        lost = controller_errors(world.profile)
-        if lost:
-            raise ClusterStartError(
-                f"engine(s) {names} registered but did not answer within {timeout:g} s: a "
-                f"process of the controller ended at start ({'; '.join(lost)}), so requests "
-                "may not reach the engines. Start again; the logs are kept in "
-                f"{kept_logs(world.profile)}."
-            ) from None
+    replies = asyncio.wrap_future(ar)
+    deadline = time.monotonic() + timeout
+    lost: list[str] = []
+    while not lost:
+        left = deadline - time.monotonic()
+        try:
+            # Shielded: a look that ends without the replies must not cancel them.
+            return await asyncio.wait_for(asyncio.shield(replies), max(0.0, min(CHECK_S, left)))
+        except TimeoutError:
+            if left <= CHECK_S:
+                break
+            lost = controller_errors(world.profile)
+    outstanding = world.client.outstanding
+    silent = [e for e, m in zip(engine_ids, ar.msg_ids, strict=False) if m in outstanding]
+    # The teardown that follows keeps the logs where the message says.
+    world.keep_logs = True
+    names = ", ".join(str(e) for e in (silent or engine_ids))
+    kept = kept_logs(world.profile)
+    if not lost and not await loop_runs(world.client, LOOP_PROBE_S):
+        log.warning("the kernel's threads when its client was found stuck:\n%s", threads())
         raise ClusterStartError(
-            f"engine(s) {names} registered but did not answer within {timeout:g} s (busy or "
-            f"stuck before their first request); the engine logs are kept in "
-            f"{kept_logs(world.profile)}. On a loaded machine, start again with fewer processes."
-        ) from None
+            f"engine(s) {names} registered, but the kernel's own client did not run for "
+            f"{LOOP_PROBE_S:g} s after {timeout:g} s without answers: the question may never "
+            "have left the kernel (where its threads were is in the kernel's log). Start "
+            f"again; the engine logs are kept in {kept}."
+        )
+    lost = lost or controller_errors(world.profile)
+    if lost:
+        raise ClusterStartError(
+            f"engine(s) {names} registered but cannot be reached: a process of the controller "
+            f"ended at start ({'; '.join(lost)}), so requests may not reach the engines. Start "
+            f"again; the logs are kept in {kept}."
+        )
+    raise ClusterStartError(
+        f"engine(s) {names} registered but did not answer within {timeout:g} s (busy or "
+        f"stuck before their first request); the engine logs are kept in {kept}. On a "
+        "loaded machine, start again with fewer processes."
+    )
 
 
 async def loop_runs(client, timeout: float) -> bool:

@@ -49,6 +49,51 @@ def test_the_controller_binds_only_ports_the_kernel_holds(cluster):
     assert listening == held, (sorted(listening), sorted(held))
 
 
+def test_a_controller_queue_that_lost_its_port_ends_the_start_saying_so(monkeypatch, caplog):
+    import socket
+    import time
+
+    from jaxsys_kernel.cluster import controller_ports
+    from jaxsys_kernel.cluster.records import ClusterStartError
+
+    from ..harness import TAG_VAR, new_tag, wait_no_processes
+
+    # A tag of its own: the module's shared cluster carries the module's.
+    tag = new_tag()
+    monkeypatch.setenv(TAG_VAR, tag)
+    hold, taken = controller_ports.hold, []
+
+    def hold_then_lose_the_queues_port(n):
+        held = hold(n)
+        # The third port is the engines' side of the queue that carries requests to them
+        # (ipyparallel's order): someone else listens there before the controller binds it.
+        thief = socket.socket()
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        thief.bind(("127.0.0.1", held[2].getsockname()[1]))
+        thief.listen()
+        taken.append(thief)
+        return held
+
+    monkeypatch.setattr(controller_ports, "hold", hold_then_lose_the_queues_port)
+    c = Cluster(hosts=2, devices_per_host=1, progress=lambda e: None)
+    began = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING), pytest.raises(ClusterStartError) as raised:
+            c.start_sync()
+    finally:
+        port = taken[0].getsockname()[1]
+        for s in taken:
+            s.close()
+    text = str(raised.value)
+    assert "a process of the controller ended at start" in text, text
+    assert f"Address already in use (addr='tcp://127.0.0.1:{port}')" in text
+    # Said once the controller's log shows it, not after the engines' 30 s.
+    assert time.monotonic() - began < 25, text
+    assert not wait_no_processes(tag)
+    # The kernel's client let go of what it could not deliver: its context ended at once.
+    assert "did not end" not in caplog.text, caplog.text
+
+
 def test_cross_process_psum(cluster):
     code = """
 import jax, numpy as np

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -103,8 +104,11 @@ def test_a_controller_process_lost_at_start_is_said(io, tmp_path):
     w = world(io.loop, tmp_path)
     (w.profile / "log").mkdir(parents=True)
     (w.profile / "log" / "ipcontroller-1-x-99.log").write_text(CONTROLLER_LOG)
+    began = time.monotonic()
     with pytest.raises(ClusterStartError) as raised:
-        asyncio.run(first_answers.answers(w, silent_request(), [0, 1], 0.1))
+        asyncio.run(first_answers.answers(w, silent_request(), [0, 1], 30.0))
+    # Said at the first look at the controller's log, not when the 30 s are up.
+    assert time.monotonic() - began < 10 * first_answers.CHECK_S
     text = str(raised.value)
     assert "a process of the controller ended at start" in text, text
     assert "Address already in use (addr='tcp://127.0.0.1:57605')" in text
