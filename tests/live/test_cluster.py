@@ -50,8 +50,11 @@ def test_the_controller_binds_only_ports_the_kernel_holds(cluster):
 
 
 def test_a_controller_queue_that_lost_its_port_ends_the_start_saying_so(monkeypatch, caplog):
+    import re
+    import shutil
     import socket
     import time
+    from pathlib import Path
 
     from jaxsys_kernel.cluster import controller_ports
     from jaxsys_kernel.cluster.records import ClusterStartError
@@ -85,6 +88,9 @@ def test_a_controller_queue_that_lost_its_port_ends_the_start_saying_so(monkeypa
         for s in taken:
             s.close()
     text = str(raised.value)
+    kept = re.search(r"the logs are kept in (\S+?)\.$", text)
+    assert kept and Path(kept[1]).is_dir(), text
+    shutil.rmtree(kept[1])  # the start kept them for its user; this test reads the message
     assert "a process of the controller ended at start" in text, text
     assert f"Address already in use (addr='tcp://127.0.0.1:{port}')" in text
     # Said once the controller's log shows it, not after the engines' 30 s.
