@@ -4,7 +4,7 @@ ipyparallel's controller finds each of its ports free by binding port 0 and clos
 socket, and binds it again later, in the process that serves it. In between the port is
 free for anyone: an outgoing connection anywhere on the machine may take it as its local
 port, or another process bind it. The queue that then fails to bind ends ("Address already
-in use") while the controller runs on without it. Measured here: 4 of 700 local starts, three
+in use") while the controller runs on without it. Measured here: 4 of 708 local starts, three
 starting at a time on 2 cores; one of them had lost the queue that carries requests to the
 engines, which then registered and never answered.
 

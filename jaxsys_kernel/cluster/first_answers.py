@@ -33,8 +33,13 @@ LOOP_PROBE_S = 2.0
 THREAD_FRAMES = 12
 # The end of the controller's log read for the errors that ended its processes.
 CONTROLLER_LOG_TAIL = 64 * 1024
-# An exception's last line in a traceback, as Python prints it (not indented).
-_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): .+$", re.M)
+# A process of the controller that ended with an exception, as multiprocessing prints it:
+# "Process <name>:", its traceback (indented lines), then the exception's line. A traceback
+# the controller only logs (a request it could not handle) does not end a process.
+_ENDED = re.compile(
+    r"^Process ([^\n]+):\nTraceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*(\S[^\n]*)$",
+    re.M,
+)
 log = logging.getLogger("jaxsys.cluster")
 
 
@@ -116,9 +121,10 @@ def controller_errors(profile, limit: int = 3) -> list[str]:
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             continue
-        for line in _RAISED.findall(text):
-            if line[:200] not in found:
-                found.append(line[:200])
+        for name, error in _ENDED.findall(text):
+            line = f"{name}: {error}"[:200]
+            if line not in found:
+                found.append(line)
     return found[:limit]
 
 

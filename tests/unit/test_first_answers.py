@@ -96,6 +96,10 @@ Traceback (most recent call last):
     raise ZMQError(errno)
 zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:57605')
 2026-12-07 20:24:35.754 [IPController] ERROR | Monitor message without topic: [b'']
+2026-12-07 20:24:35.800 [IPController] ERROR | a request it could not handle
+Traceback (most recent call last):
+  File "ipyparallel/controller/hub.py", line 1, in dispatch
+KeyError: 'not a process that ended'
 2026-12-07 20:24:36.296 [IPController] engine::Engine Connected: 1
 """
 
@@ -111,6 +115,11 @@ def test_a_controller_process_lost_at_start_is_said(io, tmp_path):
     assert time.monotonic() - began < 10 * first_answers.CHECK_S
     text = str(raised.value)
     assert "a process of the controller ended at start" in text, text
-    assert "Address already in use (addr='tcp://127.0.0.1:57605')" in text
+    assert (
+        "(Process-5: zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:57605'))"
+        in text
+    )
+    # A traceback the controller only logged is not a process that ended.
+    assert "KeyError" not in text
     # The controller's own ERROR lines are ordinary traffic, not a process's end.
     assert "Monitor message" not in text
