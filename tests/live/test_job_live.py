@@ -279,8 +279,6 @@ def test_the_jobs_command_runs_without_a_surrounding_slurm_jobs_variables(tmp_pa
 
 
 def test_the_coordinators_port_is_held_while_a_local_jobs_processes_run(tmp_path):
-    from jaxsys_kernel.job import local
-
     # Process 0 checks what the runner gave it: a plain bind (anyone else) is refused, a
     # bind with SO_REUSEPORT (JAX's coordination service, through gRPC) is not.
     program = tmp_path / "program.py"
@@ -298,6 +296,7 @@ def test_the_coordinators_port_is_held_while_a_local_jobs_processes_run(tmp_path
         "s.bind((host, int(port)))\n"
         "s.listen()\n"
     )
-    out = tmp_path / "out"
-    out.mkdir()
-    assert local.run(str(program), 1, out) == 0, (out / "p0.out").read_text()
+    # The runner as a job's command runs it (in a process of its own, as JAX is not here).
+    command = [sys.executable, "-m", "jaxsys_kernel.job.local", "program.py", "1", "."]
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr + _read(tmp_path / "p0.out")
