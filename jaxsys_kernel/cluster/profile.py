@@ -70,6 +70,17 @@ import atexit
 atexit.register(_jaxsys_reap_profile)
 """
 
+# The death signal armed above fires only for an owner that dies after it was armed. An
+# owner killed between launching the controller and this file's run sends nothing, and the
+# controller, reparented, would run with its schedulers for good (seen: an owner SIGTERMed
+# as its cluster started left two). Its owner launched it, so another parent means the owner
+# is gone: it leaves at once, taking the profile with it as it would on its way out.
+_OWNER_CHECK_SNIPPET = """if sys.platform.startswith("linux") and not os.environ.get("{no_pdeathsig}"):
+    if os.getppid() != {owner}:
+        _jaxsys_reap_profile()
+        os._exit(1)
+"""
+
 _NAMES = {
     "no_pdeathsig": contract.NO_PDEATHSIG,
     "parent_pid": contract.PARENT_PID,
@@ -110,6 +121,7 @@ def make_profile(base: str | os.PathLike | None = None) -> Path:
         _HEADER
         + _PDEATHSIG_SNIPPET.format(signal="SIGTERM", **_NAMES)
         + _REAP_SNIPPET.format(profile=str(profile), owner=os.getpid())
+        + _OWNER_CHECK_SNIPPET.format(owner=os.getpid(), **_NAMES)
         + "c = get_config()  # noqa\n"
     )
     return profile
