@@ -14,6 +14,7 @@ port taken), and the controller runs on without it. Its log says so, and so does
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import sys
@@ -99,15 +100,19 @@ async def answers(world, ar, engine_ids: list[int], timeout: float) -> list:
 async def loop_runs(client, timeout: float) -> bool:
     """Whether ``client``'s I/O loop (the thread that sends its requests) runs a callback
     within ``timeout`` seconds."""
-    ran = threading.Event()
+    here = asyncio.get_running_loop()
+    ran = here.create_future()
+
+    def say_ran() -> None:  # on the client's loop: hands the answer back to this one
+        with contextlib.suppress(RuntimeError):  # asked too late: that loop has ended
+            here.call_soon_threadsafe(lambda: ran.done() or ran.set_result(True))
+
     try:
-        client._io_loop.add_callback(ran.set)
-    except Exception:  # noqa: BLE001 - a loop that cannot take a callback does not run
+        client._io_loop.add_callback(say_ran)
+        await asyncio.wait_for(ran, timeout)
+    except Exception:  # noqa: BLE001 - no run within the time, or no loop to run on
         return False
-    deadline = time.monotonic() + timeout
-    while not ran.is_set() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    return ran.is_set()
+    return True
 
 
 def controller_errors(profile, limit: int = 3) -> list[str]:
